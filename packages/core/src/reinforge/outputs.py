@@ -1,0 +1,85 @@
+"""What user functions return: the AgentScope-tuner compatible output types."""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class TaskStatus(str, enum.Enum):
+    """Outcome of one function call.
+
+    ``FAILED`` means "transient, not the model's fault" (a judge timed out, a
+    service returned 503): the runner retries and, if it keeps failing,
+    discards the sample. A wrong answer is ``SUCCESS`` with reward 0.
+    """
+
+    SUCCESS = "success"
+    FAILED = "failed"
+
+
+def _check_number(owner: str, name: str, value: Any) -> float:
+    if isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"{owner}.{name} must be a number, got {type(value).__name__}: {value!r}")
+    value = float(value)
+    if math.isnan(value) or math.isinf(value):
+        raise ValueError(f"{owner}.{name} must be finite, got {value}")
+    return value
+
+
+@dataclass
+class WorkflowOutput:
+    """Result of running the agent on one task.
+
+    A ``reward`` set here skips the judges (the workflow scored itself, e.g.
+    from environment feedback).
+    """
+
+    response: Any = None
+    reward: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    status: TaskStatus = TaskStatus.SUCCESS
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.status = TaskStatus(self.status)
+        if self.reward is not None:
+            self.reward = _check_number("WorkflowOutput", "reward", self.reward)
+
+
+@dataclass
+class JudgeOutput:
+    """Score of one response. ``metrics`` are reported as sub-dimensions."""
+
+    reward: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)
+    status: TaskStatus = TaskStatus.SUCCESS
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.status = TaskStatus(self.status)
+        if self.status is TaskStatus.SUCCESS:
+            if self.reward is None:
+                raise ValueError("JudgeOutput.reward is required when status is SUCCESS")
+            self.reward = _check_number("JudgeOutput", "reward", self.reward)
+
+
+@dataclass
+class GroupRewardOutput:
+    """Rewards for every response of one task, in the order they were given."""
+
+    rewards: list[float] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    status: TaskStatus = TaskStatus.SUCCESS
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        self.status = TaskStatus(self.status)
+        if self.status is TaskStatus.SUCCESS:
+            self.rewards = [
+                _check_number("GroupRewardOutput", f"rewards[{i}]", r) for i, r in enumerate(self.rewards)
+            ]
