@@ -1,0 +1,377 @@
+"""Developer and CI tasks for the reinforge monorepo.
+
+Plain ``nox`` runs ``lint``, ``tests`` and ``build``. Other sessions: ``demo``, ``bench``.
+
+Packages are discovered from ``packages/*/pyproject.toml``: a new package joins the
+matrix by existing. For each package:
+
+- pure-Python packages are tested on every supported Python (``PYTHONS``, narrowed by
+  the package's ``requires-python``); a package whose dependencies or optional
+  dependencies mention ``torch`` is tested on ``TORCH_PYTHON`` only, installed with
+  pip and ``-c constraints/torch-cpu.txt`` (uv does not see the local CPU wheel);
+- tests install the package editable with its test extras: ``[tool.reinforge]
+  test-extras = [...]`` in the package's pyproject.toml if set, otherwise every extra
+  except ``all``; plugin packages also get core editable from this tree, so they test
+  against the working-tree core;
+- every package must have tests under ``tests/``; none collected is a failure.
+
+Examples::
+
+    nox                                  # lint, tests, build
+    nox -t core                          # core tests on every Python
+    nox -s "tests(core-3.12)" -- -k yaml # one session, extra pytest args
+    nox -s build -- core                 # build (and install-check) only core
+    nox -s demo
+    nox -s bench -- my_bench             # only bench/my_bench.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+# The pyenv shims answer for python3.10 ... python3.13 only when these are all selected.
+os.environ.setdefault("PYENV_VERSION", "3.11.7:3.10.13:3.12.1:3.13.0")
+
+import nox  # noqa: E402
+from packaging.requirements import InvalidRequirement, Requirement  # noqa: E402
+from packaging.specifiers import SpecifierSet  # noqa: E402
+from packaging.utils import canonicalize_name  # noqa: E402
+
+nox.needs_version = ">=2025.5.1"
+nox.options.sessions = ["lint", "tests", "build"]
+nox.options.error_on_missing_interpreters = True  # a missing Python is a failure, never a silent skip
+nox.options.download_python = "never"  # only PyPI is reachable; use the interpreters on this machine
+
+ROOT = Path(__file__).resolve().parent
+PACKAGES_DIR = ROOT / "packages"
+DIST_DIR = ROOT / "dist"
+TORCH_CONSTRAINTS = ROOT / "constraints" / "torch-cpu.txt"
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+TORCH_PYTHON = "3.11"
+CORE = "core"
+BACKEND = "uv|virtualenv"
+TEST_ENV = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+
+ROOT_PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+
+
+@dataclass(frozen=True)
+class Package:
+    directory: str  # folder under packages/, e.g. "backend-local"
+    dist: str  # distribution name, e.g. "reinforge-backend-local"
+    import_name: str  # e.g. "reinforge_backend_local"
+    extras: tuple[str, ...]  # extras to install for its tests
+    needs_torch: bool
+    pythons: tuple[str, ...]
+
+    @property
+    def path(self) -> Path:
+        return PACKAGES_DIR / self.directory
+
+    @property
+    def is_core(self) -> bool:
+        return self.directory == CORE
+
+    def spec(self, extras: tuple[str, ...] | None = None) -> str:
+        extras = self.extras if extras is None else extras
+        suffix = f"[{','.join(extras)}]" if extras else ""
+        return f"{self.path}{suffix}"
+
+
+def _requirement_names(requirements: list[str]) -> set[str]:
+    names = set()
+    for req in requirements:
+        try:
+            names.add(canonicalize_name(Requirement(req).name))
+        except InvalidRequirement:
+            match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req)
+            if match:
+                names.add(canonicalize_name(match.group(1)))
+    return names
+
+
+def _load_package(pyproject_path: Path) -> Package:
+    data = nox.project.load_toml(pyproject_path)
+    project = data.get("project", {})
+    directory = pyproject_path.parent.name
+    dist = project.get("name")
+    if not dist:
+        raise ValueError(f"{pyproject_path}: [project] name is missing")
+    optional = project.get("optional-dependencies", {})
+    requirements = list(project.get("dependencies", []))
+    for reqs in optional.values():
+        requirements.extend(reqs)
+    needs_torch = "torch" in _requirement_names(requirements)
+
+    self_name = canonicalize_name(dist)
+    configured = data.get("tool", {}).get("reinforge", {}).get("test-extras")
+    if configured is not None:
+        unknown = sorted(set(configured) - set(optional))
+        if unknown:
+            raise ValueError(f"{pyproject_path}: [tool.reinforge] test-extras names unknown extras {unknown}")
+        extras = tuple(configured)
+    else:
+        # every extra except aggregates such as `all = ["pkg[a,b]"]`
+        extras = tuple(
+            sorted(
+                name for name, reqs in optional.items() if name != "all" and self_name not in _requirement_names(reqs)
+            )
+        )
+
+    candidates = [TORCH_PYTHON] if needs_torch else PYTHONS
+    requires_python = SpecifierSet(project.get("requires-python", ""))
+    pythons = tuple(py for py in candidates if requires_python.contains(f"{py}.0", prereleases=True))
+    return Package(directory, dist, dist.replace("-", "_").replace(".", "_"), extras, needs_torch, pythons)
+
+
+def discover_packages() -> list[Package]:
+    """Every packages/*/pyproject.toml, core first."""
+    found = [_load_package(p) for p in sorted(PACKAGES_DIR.glob("*/pyproject.toml"))]
+    return sorted(found, key=lambda p: (not p.is_core, p.directory))
+
+
+PACKAGES = discover_packages()
+PACKAGES_BY_DIR = {p.directory: p for p in PACKAGES}
+
+
+def _core() -> Package:
+    if CORE not in PACKAGES_BY_DIR:
+        raise RuntimeError(f"core package not found at {PACKAGES_DIR / CORE}")
+    return PACKAGES_BY_DIR[CORE]
+
+
+def _group(name: str) -> tuple[str, ...]:
+    return tuple(nox.project.dependency_groups(ROOT_PYPROJECT, name))
+
+
+def _test_files(package: Package) -> list[Path]:
+    tests = package.path / "tests"
+    if not tests.is_dir():
+        return []
+    return sorted(p for p in tests.rglob("*.py") if p.name.startswith("test_") or p.name.endswith("_test.py"))
+
+
+def _script(session: nox.Session, name: str, text: str) -> Path:
+    """Write a helper script into the session's tmp folder (so logs show a path, not its source)."""
+    path = Path(session.create_tmp()).resolve() / name
+    path.write_text(text.lstrip())
+    return path
+
+
+def _install(session: nox.Session, *args: str, torch: bool = False) -> None:
+    """Install into the session env: uv where it works, pip + the CPU torch constraints for torch."""
+    if torch:
+        if session.venv_backend == "uv":
+            session.install("pip")
+        session.run("python", "-m", "pip", "install", "-c", str(TORCH_CONSTRAINTS), *args)
+    else:
+        session.install(*args)
+
+
+# -- tests -------------------------------------------------------------------------------------------------------
+
+_TEST_PARAMS = [
+    nox.param(py, pkg.directory, id=f"{pkg.directory}-{py}", tags=[pkg.directory])
+    for pkg in PACKAGES
+    for py in pkg.pythons
+]
+
+# pytest, but exit code 5 ("no tests collected") becomes a failure with a message that says why.
+_PYTEST_RUNNER = """
+import sys
+import os
+import pytest
+code = int(pytest.main(sys.argv[1:]))
+if code == 5:
+    sys.stderr.write(
+        "\\nerror: pytest collected no tests for package " + os.environ["REINFORGE_NOX_PACKAGE"] + "; every "
+        "package must have tests under its tests/ folder (or the arguments you passed deselected them all)\\n"
+    )
+sys.exit(code)
+"""
+
+
+@nox.session(venv_backend=BACKEND)
+@nox.parametrize(("python", "package"), _TEST_PARAMS)
+def tests(session: nox.Session, package: str) -> None:
+    """Run one package's tests on one Python (torch packages: 3.11 only)."""
+    pkg = PACKAGES_BY_DIR[package]
+    if not _test_files(pkg):
+        session.error(
+            f"package {pkg.dist!r} has no tests: add test_*.py files under {pkg.path.relative_to(ROOT)}/tests/ "
+            "(every package must have tests)"
+        )
+    args = ["-e", pkg.spec()]
+    if not pkg.is_core:
+        args = ["-e", _core().spec(("testing",)), *args]
+    if session.venv_backend == "uv" and not pkg.needs_torch:
+        # a reused env must pick up changed entry points/metadata of the editable installs
+        args += ["--reinstall-package", _core().dist, "--reinstall-package", pkg.dist]
+    _install(session, *args, *_group("test"), torch=pkg.needs_torch)
+    runner = _script(session, "run_pytest.py", _PYTEST_RUNNER)
+    session.chdir(pkg.path)
+    # posargs go to pytest; when they name test paths, those replace the default tests/
+    names_paths = any((pkg.path / a.split("::")[0]).exists() for a in session.posargs if not a.startswith("-"))
+    pytest_args = list(session.posargs) if names_paths else ["tests", *session.posargs]
+    session.run("python", str(runner), *pytest_args, env={**TEST_ENV, "REINFORGE_NOX_PACKAGE": pkg.dist})
+
+
+# -- lint --------------------------------------------------------------------------------------------------------
+
+
+@nox.session(venv_backend=BACKEND)
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole repository."""
+    session.install(*_group("lint"))
+    session.chdir(ROOT)
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+# -- build -------------------------------------------------------------------------------------------------------
+
+_IMPORT_CHECK = """
+import importlib, importlib.metadata as md, sys
+dist, name = sys.argv[1], sys.argv[2]
+module = importlib.import_module(name)
+version = md.version(dist)
+about = getattr(module, "__version__", version)
+assert about == version, f"{name}.__version__ is {about!r} but the wheel's metadata says {version!r}"
+assert "site-packages" in (module.__file__ or ""), f"{name} was imported from {module.__file__}, not the wheel"
+loaded = [ep.name for ep in md.entry_points(group="reinforge") if ep.dist is not None and ep.dist.name == dist]
+for ep in md.entry_points(group="reinforge"):
+    if ep.name in loaded:
+        ep.load()
+print(f"ok: {dist} {version} imports as {name}" + (f", entry points {loaded} load" if loaded else ""))
+"""
+
+
+_HATCH_ENV = {"UV_PYTHON": None, "UV_PROJECT_ENVIRONMENT": None}
+
+
+def _venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if sys.platform == "win32" else "bin/python")
+
+
+def _only_file(folder: Path, pattern: str) -> Path:
+    found = sorted(folder.glob(pattern))
+    if len(found) != 1:
+        raise RuntimeError(f"expected exactly one {pattern} in {folder}, found {[p.name for p in found]}")
+    return found[0]
+
+
+@nox.session(python=TORCH_PYTHON, venv_backend=BACKEND)
+def build(session: nox.Session) -> None:
+    """hatch build wheel + sdist of every package into dist/<pkg>/, then install each wheel in a clean venv."""
+    session.install(*_group("build"))
+    selected = session.posargs or [p.directory for p in PACKAGES]
+    unknown = sorted(set(selected) - set(PACKAGES_BY_DIR))
+    if unknown:
+        session.error(f"unknown package(s) {unknown}; known: {sorted(PACKAGES_BY_DIR)}")
+    core = _core()
+    if any(not PACKAGES_BY_DIR[d].is_core for d in selected) and CORE not in selected:
+        selected = [CORE, *selected]  # plugins install against the core wheel built here
+    tmp = Path(session.create_tmp()).resolve()
+    import_check = _script(session, "import_check.py", _IMPORT_CHECK)
+    wheels: dict[str, Path] = {}
+    for pkg in (PACKAGES_BY_DIR[d] for d in sorted(selected, key=lambda d: (d != CORE, d))):
+        out = DIST_DIR / pkg.directory
+        shutil.rmtree(out, ignore_errors=True)
+        session.chdir(pkg.path)
+        # nox points UV_PYTHON at this session's venv; hatch's own build env must not inherit it
+        session.run("hatch", "build", "-t", "wheel", "-t", "sdist", str(out), env=_HATCH_ENV)
+        wheels[pkg.directory] = _only_file(out, "*.whl")
+        _only_file(out, "*.tar.gz")
+
+        venv = tmp / f"check-{pkg.directory}"
+        shutil.rmtree(venv, ignore_errors=True)
+        to_install = [str(wheels[pkg.directory])]
+        if not pkg.is_core:
+            to_install.insert(0, str(wheels[core.directory]))
+        python = _venv_python(venv)
+        if session.venv_backend == "uv" and not pkg.needs_torch:
+            session.run("uv", "venv", "-q", "-p", str(Path(session.bin) / "python"), str(venv))
+            session.run("uv", "pip", "install", "-q", "--python", str(python), *to_install)
+        else:
+            session.run("python", "-m", "venv", str(venv))
+            constraints = ["-c", str(TORCH_CONSTRAINTS)] if pkg.needs_torch else []
+            session.run(str(python), "-m", "pip", "install", "-q", *constraints, *to_install, external=True)
+        session.chdir(tmp)
+        session.run(str(python), str(import_check), pkg.dist, pkg.import_name, external=True)
+    session.log(f"built {', '.join(sorted(wheels))} into {DIST_DIR.relative_to(ROOT)}/")
+
+
+# -- demo and bench ----------------------------------------------------------------------------------------------
+
+
+def _install_for_scripts(session: nox.Session, folder: Path) -> None:
+    """folder/requirements.txt if it exists (paths relative to the repo root), else core + backend-local."""
+    requirements = folder / "requirements.txt"
+    if requirements.is_file():
+        text = requirements.read_text()
+        torch = "torch" in text or any(p.needs_torch and p.directory in text for p in PACKAGES)
+        session.chdir(ROOT)
+        _install(session, "-r", str(requirements), torch=torch)
+        return
+    core = _core()
+    args = ["-e", core.spec(tuple(e for e in core.extras if e != "testing"))]
+    torch = False
+    backend = PACKAGES_BY_DIR.get("backend-local")
+    if backend is not None:
+        args += ["-e", backend.spec(())]
+        torch = backend.needs_torch
+    _install(session, *args, torch=torch)
+
+
+@nox.session(python=TORCH_PYTHON, venv_backend=BACKEND, default=False)
+def demo(session: nox.Session) -> None:
+    """Run examples/math/demo.py."""
+    demo_file = ROOT / "examples" / "math" / "demo.py"
+    if not demo_file.is_file():
+        session.error(f"{demo_file.relative_to(ROOT)} does not exist yet")
+    _install_for_scripts(session, demo_file.parent)
+    session.chdir(ROOT)
+    session.run("python", str(demo_file.relative_to(ROOT)), *session.posargs, env=TEST_ENV)
+
+
+@nox.session(python=TORCH_PYTHON, venv_backend=BACKEND, default=False)
+def bench(session: nox.Session) -> None:
+    """Run each bench/*.py (or those named in posargs); each must print a JSON object on its last stdout line."""
+    bench_dir = ROOT / "bench"
+    scripts = sorted(p for p in bench_dir.glob("*.py") if not p.name.startswith("_"))
+    if session.posargs:
+        wanted = {Path(a).stem for a in session.posargs}
+        missing = sorted(wanted - {p.stem for p in scripts})
+        if missing:
+            session.error(f"no bench script(s) {missing} in bench/")
+        scripts = [p for p in scripts if p.stem in wanted]
+    if not scripts:
+        session.error("no bench/*.py scripts to run")
+    _install_for_scripts(session, bench_dir)
+    tmp = Path(session.create_tmp()).resolve()
+    results: dict[str, dict] = {}
+    session.chdir(ROOT)
+    for script in scripts:
+        out_file = tmp / f"bench-{script.stem}.stdout"
+        with out_file.open("w") as out:
+            session.run("python", str(script.relative_to(ROOT)), env=TEST_ENV, stdout=out, stderr=None)
+        stdout = out_file.read_text()
+        sys.stdout.write(stdout)
+        lines = [line for line in stdout.splitlines() if line.strip()]
+        try:
+            result = json.loads(lines[-1])
+        except (IndexError, json.JSONDecodeError):
+            result = None
+        if not isinstance(result, dict):
+            session.error(f"bench/{script.name}: the last line of stdout is not a JSON object")
+        results[script.stem] = result
+    summary = DIST_DIR / "bench" / "results.json"
+    summary.parent.mkdir(parents=True, exist_ok=True)
+    summary.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    session.log(f"bench results for {', '.join(results)} written to {summary.relative_to(ROOT)}")

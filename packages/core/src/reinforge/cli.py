@@ -1,0 +1,241 @@
+"""The ``reinforge`` command line (argparse: core depends on pluggy only)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from .errors import ReinforgeError
+
+ROLES = {"workflow": "workflow", "judge": "judge", "group-reward": "group_reward"}
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .__about__ import __version__
+
+    p = argparse.ArgumentParser(prog="reinforge", description="Reinforcement fine-tuning for LLM agents.")
+    p.add_argument("--version", action="version", version=f"reinforge {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    sp = sub.add_parser("plugins", help="installed plugins, versions and what each registers")
+    sp.add_argument("--json", action="store_true", help="print JSON")
+
+    sp = sub.add_parser("tune", help="train: run a run file on a backend")
+    sp.add_argument("run_file")
+    sp.add_argument("--backend", help="backend name (default: the run file's, else 'local')")
+    sp.add_argument("--dry-run", action="store_true", help="resolve and validate everything, train nothing")
+
+    sp = sub.add_parser("eval", help="workflow + judges over a split, no training")
+    sp.add_argument("run_file")
+    sp.add_argument("--split")
+    sp.add_argument("--limit", type=int)
+    sp.add_argument("--api-base", help="evaluate the model behind this OpenAI-compatible URL (through litellm)")
+    sp.add_argument("--model", dest="model_name", help="model name for --api-base / litellm")
+    sp.add_argument("--output", help="write the summary and every trajectory to this JSON file")
+    sp.add_argument("--json", action="store_true", help="print the summary as JSON (last line)")
+
+    sp = sub.add_parser("try", help="run one function on one input and show what it did")
+    sp.add_argument("role", choices=sorted(ROLES))
+    sp.add_argument("ref", help="registered name or module:attr")
+    sp.add_argument("--input", required=True, help="JSON input (ours or DashScope's test-input format)")
+    sp.add_argument("--args", default="{}", help="JSON object of settings for the function")
+    sp.add_argument("--judge", action="append", default=[], help="with 'try workflow': also score with this judge")
+    sp.add_argument("--api-base", help="model endpoint for 'try workflow'")
+    sp.add_argument("--model", dest="model_name", help="model name for 'try workflow'")
+    sp.add_argument("--timeout", type=float, default=600.0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `module:attr` refs given on the command line resolve from here
+    try:
+        return {"plugins": cmd_plugins, "tune": cmd_tune, "eval": cmd_eval, "try": cmd_try}[args.command](args)
+    except ReinforgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+# -- plugins --------------------------------------------------------------------------------
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from .plugins import describe_plugins, get_plugin_manager
+
+    rows = describe_plugins(get_plugin_manager())
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        print(f"{row['name']} {row['version'] or ''}".rstrip())
+        for kind, names in sorted(row["registers"].items()):
+            print(f"  {kind}: {', '.join(sorted(names))}")
+        if not row["registers"]:
+            print(f"  hooks: {', '.join(row['hooks']) or '-'}")
+    return 0
+
+
+# -- tune / eval ------------------------------------------------------------------------------
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .config import load_run
+    from .job import build_job
+    from .tuning import run_job
+
+    run = load_run(args.run_file)
+    job = build_job(run)
+    result = run_job(job, backend=args.backend, dry_run=args.dry_run)
+    if args.dry_run:
+        print(json.dumps(result, indent=2, default=str) if not isinstance(result, str) else result)
+    return 0
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .config import load_run
+    from .evaluation import evaluate
+
+    run = load_run(args.run_file)
+    report = evaluate(run, split=args.split, limit=args.limit, api_base=args.api_base, model_name=args.model_name)
+    summary = report.summary()
+    m = report.metrics
+    print(f"eval {args.run_file}: split {report.split}, {report.tasks} tasks, {report.kept} scored, {report.seconds:.1f}s")
+    print(f"  accuracy ({report.accuracy_key} >= {report.threshold:g}): {_fmt(report.accuracy)}")
+    for dim in summary["dimensions"]:
+        stats = "  ".join(f"{s} {_fmt(m.get(f'{dim}/{s}'))}" for s in ("mean", "std", "min", "max"))
+        print(f"  {dim:<32} {stats}")
+    counters = ", ".join(f"{k} {v}" for k, v in sorted(report.counters.items())) or "none"
+    print(f"  counters: {counters}")
+    if args.output:
+        with open(args.output, "w") as fh:
+            json.dump({"summary": summary, "trajectories": [t.to_dict() for t in report.trajectories]}, fh, default=str)
+        print(f"  wrote {args.output}")
+    if args.json:
+        print(json.dumps(summary, default=str))
+    return 0
+
+
+# -- try ----------------------------------------------------------------------------------
+
+
+def _model_for_try(args: argparse.Namespace, spec: dict[str, Any] | None) -> Any:
+    from .config import ModelConfig
+    from .errors import ConfigError
+    from .job import make_chat_model
+
+    spec = dict(spec or {})
+    if args.api_base:
+        spec["api_base"] = args.api_base
+    if args.model_name:
+        spec["model_path"] = args.model_name
+    if not spec.get("api_base") and not spec.get("model_path"):
+        raise ConfigError("try workflow needs a model: --api-base URL [--model NAME], or 'model' in the input file")
+    spec.setdefault("model_path", "default")
+    return make_chat_model(ModelConfig(**{k: v for k, v in spec.items() if v is not None}))
+
+
+def _resolve(ref: str, role: str, settings: dict[str, Any]) -> Any:
+    from .plugins import build_registry, get_plugin_manager
+    from .refs import resolve
+    from .signatures import bind
+
+    kinds = {"workflow": "workflows", "judge": "judges", "group_reward": "group_rewards"}
+    registry = build_registry(get_plugin_manager())
+    return bind(resolve(ref, kinds[role], registry, where="command line"), role, settings)
+
+
+def _print_calls(calls: list[Any]) -> None:
+    for i, call in enumerate(calls, 1):
+        print(f"  call {i} ({call.seconds:.2f}s, finish {call.response.finish_reason}):")
+        for msg in call.messages:
+            print(f"    [{msg.get('role')}] {str(msg.get('content') or '')[:500]}")
+        print(f"    => {call.response.content[:1000]}")
+        for tc in call.response.tool_calls:
+            fn = tc.get("function", {})
+            print(f"    => tool call {fn.get('name')}({fn.get('arguments')})")
+
+
+def cmd_try(args: argparse.Namespace) -> int:
+    from .errors import ConfigError
+    from .models import RecordingChatModel
+    from .text import response_text
+    from .trajectory import Trajectory
+    from .try_inputs import read_try_input
+
+    role = ROLES[args.role]
+    try:
+        settings = json.loads(args.args)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--args is not valid JSON: {exc}") from None
+    fn = _resolve(args.ref, role, settings)
+    inp = read_try_input(args.input, role)
+    for note in inp.notes:
+        print(f"note: {note}")
+    print(f"task: {json.dumps(inp.task, default=str)[:800]}")
+    rollout_seconds = inp.rollout_seconds
+    score_seconds = 0.0
+    if role == "workflow":
+        traj = Trajectory(task=inp.task)
+        model = RecordingChatModel(_model_for_try(args, inp.model), traj, inp.sampling)
+        start = time.perf_counter()
+        out = fn.check_output(asyncio.run(asyncio.wait_for(fn.call(inp.task, model), args.timeout)))
+        rollout_seconds = time.perf_counter() - start
+        print(f"workflow {fn.name}: status {out.status.value} in {rollout_seconds:.2f}s, {len(traj.calls)} model call(s)")
+        _print_calls(traj.calls)
+        print(f"response: {response_text(out.response)}")
+        if out.error:
+            print(f"error: {out.error}")
+        if out.reward is not None:
+            print(f"reward (set by the workflow; judges skipped): {out.reward}")
+        _print_metrics(out.metrics)
+        for ref in args.judge:
+            judge = _resolve(ref, "judge", {})
+            start = time.perf_counter()
+            jout = judge.check_output(asyncio.run(judge.call(inp.task, out.response)))
+            score_seconds += time.perf_counter() - start
+            print(f"judge {judge.name}: reward {jout.reward} status {jout.status.value}")
+            _print_metrics(jout.metrics)
+    elif role == "judge":
+        start = time.perf_counter()
+        out = fn.check_output(asyncio.run(asyncio.wait_for(fn.call(inp.task, inp.response), args.timeout)))
+        score_seconds = time.perf_counter() - start
+        print(f"response: {response_text(inp.response)[:1000]}")
+        print(f"judge {fn.name}: reward {out.reward}, status {out.status.value} in {score_seconds:.3f}s")
+        if out.error:
+            print(f"error: {out.error}")
+        _print_metrics(out.metrics)
+    else:
+        responses = inp.responses or []
+        start = time.perf_counter()
+        raw = asyncio.run(asyncio.wait_for(fn.call(inp.task, responses), args.timeout))
+        out = fn.check_output(raw, group_size=len(responses))
+        score_seconds = time.perf_counter() - start
+        print(f"group reward {fn.name}: status {out.status.value} in {score_seconds:.3f}s")
+        for i, (resp, reward) in enumerate(zip(responses, out.rewards or [None] * len(responses))):
+            print(f"  [{i}] reward {reward}  {response_text(resp)[:200]}")
+        _print_metrics(out.metrics)
+    if rollout_seconds and score_seconds > rollout_seconds / 3:
+        print(
+            f"warning: scoring took {score_seconds:.2f}s, more than a third of the rollout ({rollout_seconds:.2f}s); "
+            "scoring will slow training down",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _print_metrics(metrics: dict[str, float]) -> None:
+    for k, v in sorted(metrics.items()):
+        print(f"  {k}: {v}")

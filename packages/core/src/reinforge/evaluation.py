@@ -1,0 +1,142 @@
+"""``reinforge eval``: workflow + judges over a split, no training (baseline numbers)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .config import DatasetConfig, RunConfig
+    from .job import TuneJob
+    from .models import ChatModel
+    from .runner import BatchResult
+
+
+@dataclass
+class EvalReport:
+    """Accuracy, every reward dimension and the failure counters of one evaluation."""
+
+    accuracy: float | None
+    accuracy_key: str
+    threshold: float
+    tasks: int
+    kept: int
+    metrics: dict[str, float]
+    counters: dict[str, int]
+    seconds: float
+    split: str
+    trajectories: list[Any] = field(default_factory=list, repr=False)
+
+    def summary(self) -> dict[str, Any]:
+        dims = {k[: -len("/mean")]: v for k, v in self.metrics.items() if k.endswith("/mean") and k.startswith(("reward", "gate/"))}
+        return {
+            "accuracy": self.accuracy,
+            "accuracy_key": self.accuracy_key,
+            "threshold": self.threshold,
+            "split": self.split,
+            "tasks": self.tasks,
+            "kept": self.kept,
+            "dimensions": dims,
+            "counters": self.counters,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def eval_dataset(run: RunConfig, split: str | None = None, limit: int | None = None) -> DatasetConfig:
+    """The dataset an evaluation reads: ``eval_dataset``, else the train set's ``eval.split``."""
+    import dataclasses
+
+    base = run.eval_dataset or run.train_dataset
+    if base is None:
+        raise ConfigError(f"{run.source or 'run'}: eval needs 'eval_dataset' (or 'train_dataset' with eval.split)")
+    changes: dict[str, Any] = {}
+    if split is not None:
+        changes["split"] = split
+    elif run.eval_dataset is None:
+        changes["split"] = run.eval.split
+    lim = limit if limit is not None else run.eval.limit
+    if lim is not None:
+        changes["limit"] = lim
+    return dataclasses.replace(base, **changes) if changes else base
+
+
+def eval_model(job: TuneJob, api_base: str | None = None, model_name: str | None = None) -> ChatModel:
+    """The model to evaluate: an API (litellm) when one is named, else the backend's policy."""
+    import dataclasses
+
+    from .config import ModelConfig
+    from .job import make_chat_model
+    from .tuning import get_backend
+
+    cfg = job.run.model
+    if api_base or model_name:
+        base = cfg or ModelConfig(model_path=model_name or "default")
+        cfg = dataclasses.replace(base, api_base=api_base or base.api_base, model_path=model_name or base.model_path)
+    if cfg is None:
+        raise ConfigError(f"{job.run.source or 'run'}: eval needs 'model' (or --model/--api-base)")
+    if cfg.api_base:
+        return make_chat_model(cfg)
+    backend = get_backend(job.run.backend, job.registry)
+    make = getattr(backend, "chat_model", None)
+    if not callable(make):
+        raise ConfigError(
+            f"{job.run.source or 'run'}: model.api_base is not set and backend {job.run.backend or 'local'!r} "
+            "cannot serve the model for evaluation; set model.api_base or pass --api-base"
+        )
+    return make(cfg)
+
+
+def accuracy_of(result: BatchResult, key: str, threshold: float) -> float | None:
+    kept = result.trajectories
+    if not kept:
+        return None
+    values = []
+    for t in kept:
+        value = t.reward if key == "reward" else t.rewards.get(key)
+        if value is None and key != "reward":
+            known = sorted({k for tr in kept for k in tr.rewards})
+            if key not in known:
+                raise ConfigError(f"eval.accuracy_key {key!r} is not a reward dimension of this run; known: {known}")
+            value = 0.0  # dimension skipped for this response (e.g. gate failed or boundary score)
+        values.append(float(value or 0.0) >= threshold)
+    return sum(values) / len(values)
+
+
+def evaluate(
+    run: RunConfig,
+    *,
+    split: str | None = None,
+    limit: int | None = None,
+    model: ChatModel | None = None,
+    api_base: str | None = None,
+    model_name: str | None = None,
+    job: TuneJob | None = None,
+) -> EvalReport:
+    """Run the workflow and judges over a split and report accuracy and every dimension."""
+    from .job import build_job
+
+    job = job or build_job(run)
+    dataset = eval_dataset(run, split, limit)
+    rows = dataset.rows()
+    chat_model = model or eval_model(job, api_base, model_name)
+    runner = job.make_runner(model=chat_model, group_size=run.eval.group_size)
+    start = time.perf_counter()
+    result = runner.run(rows)
+    report = EvalReport(
+        accuracy=accuracy_of(result, run.eval.accuracy_key, run.eval.threshold),
+        accuracy_key=run.eval.accuracy_key,
+        threshold=run.eval.threshold,
+        tasks=len(rows),
+        kept=len(result.trajectories),
+        metrics=result.metrics,
+        counters=dict(result.counters),
+        seconds=time.perf_counter() - start,
+        split=dataset.split,
+        trajectories=result.trajectories,
+    )
+    if job.hook is not None:
+        job.hook.on_run_end(summary=report.summary())
+    return report

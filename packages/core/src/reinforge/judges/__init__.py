@@ -1,0 +1,1 @@
+"""Judges shipped with core; registered by core's default plugin."""

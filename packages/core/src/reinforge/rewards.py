@@ -1,0 +1,368 @@
+"""Reward composition: judges, sub-dimensions, metric weights, the rule gate.
+
+Final reward = ``gate_pass * sum(judge_weight * judge_score)`` where a judge's
+score is its own reward, or with ``metric_weights`` the weighted sum of its
+metrics (layer 3), and a judge built with :func:`reward_func` combines its
+sub-dimensions (layer 2). Every dimension is reported under a stable name:
+``reward/<judge>``, ``reward/<judge>/<metric>``, ``gate/<judge>``,
+``boundary/<kind>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import logging
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import ConfigError, ReinforgeError, RewardError
+from .outputs import JudgeOutput, TaskStatus
+from .signatures import OPTIONAL, BoundFunction
+from .text import response_text
+
+log = logging.getLogger("reinforge.rewards")
+
+GATE_PASS = 0.5  # a gate passes when its reward is above this
+
+
+def normalize_weights(weights: dict[str, float], *, what: str, strict: bool) -> dict[str, float]:
+    """Scale weights to sum to 1; warn (or raise when ``strict``) if they did not."""
+    if not weights:
+        return {}
+    for key, w in weights.items():
+        if not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0 or not math.isfinite(w):
+            raise ConfigError(f"{what}: weight of {key!r} must be a finite number >= 0, got {w!r}")
+    total = float(sum(weights.values()))
+    if total <= 0:
+        raise ConfigError(f"{what}: weights sum to 0")
+    if abs(total - 1.0) > 1e-6:
+        msg = f"{what}: weights {weights} sum to {total:g}, not 1"
+        if strict:
+            raise ConfigError(msg + " (reward.strict_weights is on)")
+        warnings.warn(msg + "; normalizing them", stacklevel=3)
+    return {k: float(w) / total for k, w in weights.items()}
+
+
+# -- layer 2: multi-dimensional judges built from a class -----------------------------
+
+
+def sub_reward_func(name: str, sub_weight: float = 1.0) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Mark a method of a :func:`reward_func` class as one scored sub-dimension.
+
+    The method takes ``(self, task, response, auxiliary_models=None, logger=None)``
+    (the last two only if declared) and returns a number or a ``JudgeOutput``.
+    """
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.__reinforge_sub__ = (name, float(sub_weight))  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def aggregate_func(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark the method that combines sub-dimension scores.
+
+    Either ``(self, scores, weights, metrics)`` or, DashScope style, ``(self)``
+    using ``self.get_scores()``, ``self.get_weights()``, ``self.get_reward_metrics()``.
+    Returns a number or a ``JudgeOutput``. Without one, the weighted sum is used.
+    """
+    fn.__reinforge_aggregate__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+def reward_func(name: str, *, kind: str = "rule", strict_weights: bool = False) -> Callable[[Any], Any]:
+    """Name a judge; on a class, turn its ``@sub_reward_func`` methods into one judge.
+
+    The class is instantiated once (``setup()`` is called if defined) and the
+    decorator returns a judge callable with the standard judge signature.
+    """
+
+    def wrap(target: Any) -> Any:
+        if not isinstance(target, type):
+            target.reinforge_name = name
+            target.reinforge_kind = kind
+            return target
+        return MultiDimensionJudge(target, name=name, kind=kind, strict_weights=strict_weights)
+
+    return wrap
+
+
+class MultiDimensionJudge:
+    """A judge made of sub-dimensions; see :func:`reward_func`."""
+
+    def __init__(self, cls: type, *, name: str, kind: str, strict_weights: bool):
+        self.cls = cls
+        self.reinforge_name = name
+        self.reinforge_kind = kind
+        self.__name__ = cls.__name__
+        self.__qualname__ = cls.__qualname__
+        self.__module__ = cls.__module__
+        self.__doc__ = cls.__doc__
+        self.subs: list[tuple[str, str, bool, tuple[str, ...]]] = []  # (dimension, attr, async, passes)
+        raw: dict[str, float] = {}
+        self.aggregate_attr: str | None = None
+        for attr, member in inspect.getmembers(cls, predicate=inspect.isfunction):
+            if hasattr(member, "__reinforge_sub__"):
+                dim, weight = member.__reinforge_sub__
+                if dim in raw:
+                    raise ConfigError(f"judge {name!r}: sub-dimension {dim!r} is defined twice")
+                raw[dim] = weight
+                params = tuple(p for p in inspect.signature(member).parameters if p in OPTIONAL)
+                self.subs.append((dim, attr, inspect.iscoroutinefunction(member), params))
+            if getattr(member, "__reinforge_aggregate__", False):
+                self.aggregate_attr = attr
+        if not self.subs:
+            raise ConfigError(f"judge {name!r} ({cls.__qualname__}) has no @sub_reward_func methods")
+        self.weights = normalize_weights(raw, what=f"judge {name!r} sub_weight", strict=strict_weights)
+        self.instance = cls()
+        setup = getattr(self.instance, "setup", None)
+        if callable(setup):
+            setup()
+
+    async def __call__(self, task: dict, response: Any, auxiliary_models: Any = None, logger: Any = None) -> JudgeOutput:
+        async def one(dim: str, attr: str, is_async: bool, passes: tuple[str, ...]) -> tuple[str, JudgeOutput]:
+            kwargs = {k: v for k, v in (("auxiliary_models", auxiliary_models), ("logger", logger)) if k in passes}
+            method = getattr(self.instance, attr)
+            out = await method(task, response, **kwargs) if is_async else await asyncio.to_thread(
+                method, task, response, **kwargs
+            )
+            if isinstance(out, (int, float)):
+                out = JudgeOutput(reward=float(out))
+            if not isinstance(out, JudgeOutput):
+                raise RewardError(
+                    f"sub-dimension {dim!r} of judge {self.reinforge_name!r} returned {type(out).__name__}, "
+                    "expected a number or JudgeOutput"
+                )
+            return dim, out
+
+        results = dict(await asyncio.gather(*(one(*s) for s in self.subs)))
+        failed = [d for d, o in results.items() if o.status is TaskStatus.FAILED]
+        if failed:
+            errors = "; ".join(f"{d}: {results[d].error}" for d in failed)
+            return JudgeOutput(status=TaskStatus.FAILED, error=errors)
+        scores = {d: float(o.reward) for d, o in results.items()}  # type: ignore[arg-type]
+        metrics: dict[str, float] = dict(scores)
+        for d, o in results.items():
+            metrics.update({f"{d}/{k}": v for k, v in o.metrics.items()})
+        if self.aggregate_attr is None:
+            return JudgeOutput(reward=sum(scores[d] * self.weights[d] for d in scores), metrics=metrics)
+        view = copy.copy(self.instance)
+        view.get_scores = lambda: dict(scores)
+        view.get_weights = lambda: dict(self.weights)
+        view.get_reward_metrics = lambda: dict(metrics)
+        agg = getattr(view, self.aggregate_attr)
+        nparams = len(inspect.signature(agg).parameters)
+        out = agg(scores, dict(self.weights), dict(metrics)) if nparams >= 3 else agg()
+        if inspect.isawaitable(out):
+            out = await out
+        if isinstance(out, (int, float)):
+            out = JudgeOutput(reward=float(out), metrics=metrics)
+        if not isinstance(out, JudgeOutput):
+            raise RewardError(f"aggregate of judge {self.reinforge_name!r} returned {type(out).__name__}")
+        for k, v in metrics.items():
+            out.metrics.setdefault(k, v)
+        return out
+
+
+# -- layers 1 and 3, the gate and boundary scores ------------------------------------------
+
+
+@dataclass
+class Boundaries:
+    """Explicit scores for outputs judges should not see (None = judge normally)."""
+
+    empty: float | None = 0.0
+    truncated: float | None = None
+    oversized: float | None = 0.0
+    max_response_chars: int | None = None
+    timeout: float = 0.0
+    gate_fail: float = 0.0
+
+
+@dataclass
+class JudgeSlot:
+    """One configured judge: function, metric name, weight and role."""
+
+    name: str
+    fn: BoundFunction
+    weight: float = 1.0
+    gate: bool = False
+    kind: str = "rule"
+    metric_weights: dict[str, float] | None = None
+
+
+@dataclass
+class Score:
+    """What the composer decided for one response."""
+
+    reward: float | None = None  # None while a group reward is still to come
+    rewards: dict[str, float] = field(default_factory=dict)
+    flags: dict[str, float] = field(default_factory=dict)
+    status: TaskStatus = TaskStatus.SUCCESS
+    error: str | None = None
+    final: bool = False  # fixed by a boundary, a gate or the workflow: not sent to a group reward
+    partial: float = 0.0  # weighted judge sum, before the group reward's share is added
+    seconds: float = 0.0
+    retries: int = 0
+
+
+class RewardComposer:
+    """Scores one response with every configured judge and composes the reward."""
+
+    def __init__(
+        self,
+        judges: list[JudgeSlot],
+        *,
+        boundaries: Boundaries | None = None,
+        group_reward_weight: float | None = None,
+        strict_weights: bool = False,
+        judge_timeout_s: float = 120.0,
+        max_retries: int = 2,
+    ):
+        names = [j.name for j in judges]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ConfigError(f"judges: metric name(s) {dupes} used twice; give each judge a distinct 'name'")
+        self.judges = judges
+        self.gates = [j for j in judges if j.gate]
+        self.scorers = [j for j in judges if not j.gate]
+        self.boundaries = boundaries or Boundaries()
+        self.judge_timeout_s = judge_timeout_s
+        self.max_retries = max_retries
+        raw = {j.name: j.weight for j in self.scorers}
+        if group_reward_weight is not None:
+            raw["group"] = group_reward_weight
+        self.weights = normalize_weights(raw, what="judge weights", strict=strict_weights) if raw else {}
+        for j in self.scorers:
+            if j.metric_weights:
+                j.metric_weights = normalize_weights(
+                    j.metric_weights, what=f"judge {j.name!r} metric_weights", strict=strict_weights
+                )
+
+    @property
+    def group_weight(self) -> float:
+        return self.weights.get("group", 0.0)
+
+    async def call_judge(
+        self, slot: JudgeSlot, task: dict, response: Any, aux: Any, logger: Any, tally: list[int] | None = None
+    ) -> JudgeOutput:
+        """Call one judge with timeout and retries; FAILED after the budget."""
+        last = "no attempt"
+        for attempt in range(1 + self.max_retries):
+            if attempt and tally is not None:
+                tally[0] += 1
+            try:
+                out = await asyncio.wait_for(
+                    slot.fn.call(task, response, auxiliary_models=aux, logger=logger), self.judge_timeout_s
+                )
+            except ReinforgeError:
+                raise
+            except asyncio.TimeoutError:
+                last = f"judge {slot.fn.name} timed out after {self.judge_timeout_s:g}s"
+                continue
+            except Exception as exc:  # a transient failure of the judge, never a reward of 0
+                last = f"judge {slot.fn.name} raised {type(exc).__name__}: {exc}"
+                continue
+            out = slot.fn.check_output(out)
+            if out.status is TaskStatus.SUCCESS:
+                return out
+            last = f"judge {slot.fn.name} returned FAILED: {out.error}"
+        log.warning("%s (after %d attempts)", last, 1 + self.max_retries)
+        return JudgeOutput(status=TaskStatus.FAILED, error=last)
+
+    def _judge_score(self, slot: JudgeSlot, out: JudgeOutput) -> float:
+        if not slot.metric_weights:
+            return float(out.reward)  # type: ignore[arg-type]
+        missing = [m for m in slot.metric_weights if m not in out.metrics]
+        if missing:
+            raise RewardError(
+                f"judge {slot.fn.name} ({slot.name!r}) did not report metric(s) {missing} named in metric_weights; "
+                f"it reported {sorted(out.metrics)}"
+            )
+        return sum(float(out.metrics[m]) * w for m, w in slot.metric_weights.items())
+
+    def boundary(self, text: str, *, timed_out: bool, truncated: bool) -> tuple[float | None, dict[str, float]]:
+        """The fixed score for a timed-out, empty, oversized or truncated output, if any."""
+        b = self.boundaries
+        flags = {
+            "boundary/timeout": float(timed_out),
+            "boundary/empty": float(not text.strip()),
+            "boundary/truncated": float(truncated),
+            "boundary/oversized": float(b.max_response_chars is not None and len(text) > b.max_response_chars),
+        }
+        if timed_out:
+            return b.timeout, flags
+        if flags["boundary/empty"] and b.empty is not None:
+            return b.empty, flags
+        if flags["boundary/oversized"] and b.oversized is not None:
+            return b.oversized, flags
+        if truncated and b.truncated is not None:
+            return b.truncated, flags
+        return None, flags
+
+    async def score(
+        self,
+        task: dict,
+        response: Any,
+        *,
+        preset: float | None = None,
+        timed_out: bool = False,
+        truncated: bool = False,
+        auxiliary_models: Any = None,
+        logger: Any = None,
+    ) -> Score:
+        start = time.perf_counter()
+        tally = [0]
+        result = await self._score(task, response, preset, timed_out, truncated, auxiliary_models, logger, tally)
+        result.seconds = time.perf_counter() - start
+        result.retries = tally[0]
+        return result
+
+    async def _score(self, task, response, preset, timed_out, truncated, aux, logger, tally) -> Score:  # noqa: ANN001
+        fixed, flags = self.boundary(response_text(response), timed_out=timed_out, truncated=truncated)
+        if fixed is not None:
+            return Score(reward=fixed, rewards={}, flags=flags, final=True)
+        if preset is not None:
+            return Score(reward=preset, rewards={"reward/workflow": preset}, flags=flags, final=True)
+        if not self.weights:
+            raise RewardError("the workflow returned no reward and no judge or group reward is configured")
+        rewards: dict[str, float] = {}
+        gate_pass = True
+        if self.gates:
+            outs = await asyncio.gather(*(self.call_judge(g, task, response, aux, logger, tally) for g in self.gates))
+            for slot, out in zip(self.gates, outs):
+                if out.status is TaskStatus.FAILED:
+                    return Score(status=TaskStatus.FAILED, error=out.error, flags=flags)
+                passed = float(out.reward) > GATE_PASS  # type: ignore[arg-type]
+                rewards[f"gate/{slot.name}"] = float(passed)
+                gate_pass = gate_pass and passed
+        # A response that fails the gate is never sent to a model judge.
+        slots = self.scorers if gate_pass else [s for s in self.scorers if s.kind != "model"]
+        outs = await asyncio.gather(*(self.call_judge(s, task, response, aux, logger, tally) for s in slots))
+        partial = 0.0
+        for slot, out in zip(slots, outs):
+            if out.status is TaskStatus.FAILED:
+                return Score(status=TaskStatus.FAILED, error=out.error, flags=flags)
+            value = self._judge_score(slot, out)
+            rewards[f"reward/{slot.name}"] = value
+            for metric, v in out.metrics.items():
+                rewards[f"reward/{slot.name}/{metric}"] = float(v)
+            partial += self.weights.get(slot.name, 0.0) * value
+        if not gate_pass:
+            return Score(reward=self.boundaries.gate_fail, rewards=rewards, flags=flags, final=True)
+        if self.group_weight:
+            return Score(reward=None, rewards=rewards, flags=flags, partial=partial)
+        return Score(reward=partial, rewards=rewards, flags=flags, final=True)
+
+    def finish_with_group(self, score: Score, group_reward: float) -> float:
+        """Add the group reward's weighted share to a judge sum."""
+        score.rewards["reward/group"] = group_reward
+        score.reward = score.partial + self.group_weight * group_reward
+        score.final = True
+        return score.reward

@@ -1,0 +1,212 @@
+"""Testing kit for reinforge and its plugin authors.
+
+Opt-in pytest plugin, like pytest's ``pytester``: activate it with
+``pytest -p reinforge.testing`` or ``pytest_plugins = ["reinforge.testing"]``
+in a top-level ``conftest.py``. It is deliberately not auto-registered through
+a ``pytest11`` entry point. The fixtures live in :mod:`reinforge.testing.plugin`,
+which pytest loads through this module's ``pytest_plugins``; importing this
+module itself does not import pytest, so the helpers below work anywhere.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib import metadata
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from .openai_server import OpenAIServer, Reply
+    from .scripted import ScriptedCall, ScriptedChatModel, ScriptExhaustedError
+
+# Read by pytest when this module is registered as a plugin: it loads the fixtures.
+pytest_plugins = ["reinforge.testing.plugin"]
+
+__all__ = [
+    "HookCall",
+    "HookRecorder",
+    "OpenAIServer",
+    "Reply",
+    "ScriptedCall",
+    "ScriptedChatModel",
+    "ScriptExhaustedError",
+    "check_entry_point",
+]
+
+_LAZY = {
+    "OpenAIServer": "reinforge.testing.openai_server",
+    "Reply": "reinforge.testing.openai_server",
+    "ScriptedCall": "reinforge.testing.scripted",
+    "ScriptedChatModel": "reinforge.testing.scripted",
+    "ScriptExhaustedError": "reinforge.testing.scripted",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reinforge.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+@dataclass(frozen=True)
+class HookCall:
+    """One hook call seen by a :class:`HookRecorder`."""
+
+    name: str
+    kwargs: dict[str, Any]
+
+
+class HookRecorder:
+    """Records every hook call made through a plugin manager, with its kwargs.
+
+    Uses ``pm.add_hookcall_monitoring``, so calls are recorded even when no
+    plugin implements the hook (``on_trajectory``, ``on_step_end``,
+    ``on_run_end`` and any hook a package adds). Detach recorders in reverse
+    order of attaching.
+    """
+
+    def __init__(self, pm: pluggy.PluginManager):
+        self.pm = pm
+        self.records: list[HookCall] = []
+        self._lock = threading.Lock()
+        self._undo: Callable[[], None] | None = None
+
+    @classmethod
+    def attach(cls, pm: pluggy.PluginManager) -> HookRecorder:
+        """Start recording the hook calls of ``pm``; returns the recorder."""
+        recorder = cls(pm)
+        recorder._undo = pm.add_hookcall_monitoring(recorder._before, recorder._after)
+        return recorder
+
+    def detach(self) -> None:
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
+
+    def __enter__(self) -> HookRecorder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def _before(self, hook_name: str, hook_impls: Any, kwargs: Any) -> None:
+        with self._lock:
+            self.records.append(HookCall(hook_name, dict(kwargs)))
+
+    def _after(self, outcome: Any, hook_name: str, hook_impls: Any, kwargs: Any) -> None:
+        pass
+
+    def calls(self, name: str) -> list[dict[str, Any]]:
+        """The kwargs of every recorded call of hook ``name``, in call order."""
+        with self._lock:
+            return [r.kwargs for r in self.records if r.name == name]
+
+    def names(self) -> list[str]:
+        """Hook names in call order (repeats kept)."""
+        with self._lock:
+            return [r.name for r in self.records]
+
+    def getcall(self, name: str) -> dict[str, Any]:
+        """The kwargs of the single call of ``name``; fails if it was called 0 or 2+ times."""
+        calls = self.calls(name)
+        if len(calls) != 1:
+            raise AssertionError(f"expected exactly one call of {name!r}, got {len(calls)}; recorded: {self.names()}")
+        return calls[0]
+
+    def clear(self) -> None:
+        with self._lock:
+            self.records.clear()
+
+
+def _normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def check_entry_point(
+    dist_name: str,
+    *,
+    workflows: Iterable[str] = (),
+    judges: Iterable[str] = (),
+    group_rewards: Iterable[str] = (),
+    backends: Iterable[str] = (),
+    exact: bool = True,
+) -> dict[str, list[str]]:
+    """Assert that an installed distribution's ``reinforge`` entry point registers what it claims.
+
+    Loads the entry point(s) of ``dist_name`` into a fresh plugin manager (no
+    autoload of other plugins), builds the registry and compares names per
+    kind: with ``exact`` every registered name must be claimed, otherwise the
+    claimed names only need to be present. Raises ``AssertionError`` naming
+    what is wrong; returns ``{kind: sorted names}`` registered by the plugin.
+    """
+    from ..errors import PluginError
+    from ..plugins import ENTRY_POINT_GROUP, KINDS, build_registry, get_plugin_manager
+
+    claimed = {"workflows": workflows, "judges": judges, "group_rewards": group_rewards, "backends": backends}
+    try:
+        dist = metadata.distribution(dist_name)
+    except metadata.PackageNotFoundError:
+        raise AssertionError(
+            f"distribution {dist_name!r} is not installed in this environment; "
+            f"install it (e.g. `pip install -e path/to/{dist_name}`) before checking its entry point"
+        ) from None
+    eps = [ep for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP]
+    if not eps:
+        raise AssertionError(
+            f"distribution {dist_name!r} declares no entry point in group {ENTRY_POINT_GROUP!r}; add to its "
+            f'pyproject.toml: [project.entry-points.{ENTRY_POINT_GROUP}] {dist_name} = "your_module"'
+        )
+    pm = get_plugin_manager(load_entrypoints=False)
+    owners = []
+    for ep in eps:
+        if _normalize(ep.name) != _normalize(dist_name):
+            raise AssertionError(
+                f"{dist_name!r}: entry point {ep.name!r} = {ep.value!r} must be named after the distribution "
+                f"({dist_name!r}) so REINFORGE_LOAD_PLUGINS can select it"
+            )
+        try:
+            plugin = ep.load()
+        except Exception as exc:
+            raise AssertionError(
+                f"{dist_name!r}: entry point {ep.name} = {ep.value!r} failed to import: {exc!r}"
+            ) from exc
+        if pm.get_plugin(ep.name) is not plugin:
+            try:
+                pm.register(plugin, name=ep.name)
+            except Exception as exc:
+                raise AssertionError(f"{dist_name!r}: {ep.value!r} could not be registered: {exc}") from exc
+        owners.append(ep.name)
+    try:
+        pm.check_pending()
+    except Exception as exc:  # pluggy: a @hookimpl with no matching hookspec, usually a typo
+        raise AssertionError(f"{dist_name!r}: {exc}") from exc
+    try:
+        registry = build_registry(pm)
+    except PluginError as exc:
+        raise AssertionError(f"{dist_name!r}: registering its components failed: {exc}") from exc
+
+    found: dict[str, list[str]] = {}
+    problems = []
+    for kind in KINDS:
+        actual = sorted(c.name for c in registry.components[kind].values() if c.owner in owners)
+        found[kind] = actual
+        want = {claimed[kind]} if isinstance(claimed[kind], str) else set(claimed[kind])
+        missing = sorted(want - set(actual))
+        extra = sorted(set(actual) - want) if exact else []
+        if missing:
+            problems.append(f"{kind}: claimed but not registered: {missing} (registered: {actual})")
+        if extra:
+            problems.append(f"{kind}: registered but not claimed: {extra} (claimed: {sorted(want)})")
+    if problems:
+        raise AssertionError(
+            f"entry point of {dist_name!r} does not register what it claims:\n  " + "\n  ".join(problems)
+        )
+    return found

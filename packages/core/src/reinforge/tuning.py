@@ -1,0 +1,97 @@
+"""``tune(...)``: the Python entry point, with AgentScope tuner argument names."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigError, PluginError
+
+if TYPE_CHECKING:
+    from .config import AlgorithmConfig, DatasetConfig, ModelConfig, RunConfig
+    from .job import TuneJob
+    from .plugins import Registry
+
+DEFAULT_BACKEND = "local"
+
+
+def get_backend(name: str | None, registry: Registry) -> Any:
+    """Instantiate a registered backend; a missing one says which package to install."""
+    name = name or DEFAULT_BACKEND
+    comp = registry.get("backends", name)
+    if comp is None:
+        installed = ", ".join(registry.names("backends")) or "none"
+        raise PluginError(
+            f"backend {name!r} is not installed (installed: {installed}); "
+            f"install it with: pip install reinforge-backend-{name}"
+        )
+    return comp.obj()
+
+
+def run_job(job: TuneJob, *, backend: str | None = None, dry_run: bool = False) -> Any:
+    """Hand a resolved job to its backend (``dry_run`` only validates and describes)."""
+    impl = get_backend(backend or job.run.backend, job.registry)
+    if dry_run:
+        describe = getattr(impl, "dry_run", None)
+        return describe(job) if callable(describe) else {"backend": backend or job.run.backend or DEFAULT_BACKEND}
+    return impl.run(job)
+
+
+def tune(
+    workflow_func: Any = None,
+    judge_func: Any = None,
+    train_dataset: DatasetConfig | None = None,
+    eval_dataset: DatasetConfig | None = None,
+    model: ModelConfig | None = None,
+    auxiliary_models: dict[str, Any] | None = None,
+    algorithm: AlgorithmConfig | None = None,
+    project_name: str | None = None,
+    experiment_name: str | None = None,
+    config_path: str | None = None,
+    *,
+    judges: list[Any] | None = None,
+    group_reward: Any = None,
+    backend: str | None = None,
+    run: RunConfig | None = None,
+    dry_run: bool = False,
+    **run_options: Any,
+) -> Any:
+    """Train ``workflow_func`` against the judges on ``train_dataset``.
+
+    Functions may be callables, registered names or ``module:attr`` strings;
+    ``judges`` items may also be dicts ``{ref, weight, args, gate, kind,
+    metric_weights, name}``. ``run_options`` sets any other run-file key
+    (``runner``, ``reward``, ``eval``, ``backend_args`` ...). Pass ``run=`` to
+    use an already loaded :class:`RunConfig` instead.
+    """
+    from . import config as cfg
+    from .job import build_job
+
+    if run is None:
+        if workflow_func is None:
+            raise ConfigError("tune(): workflow_func is required")
+        specs = [cfg.as_component(j, where="tune(judges)") for j in (judges or [])]
+        if judge_func is not None:
+            specs.insert(0, cfg.as_component(judge_func, where="tune(judge_func)"))
+        aux_cfgs = {k: v for k, v in (auxiliary_models or {}).items() if isinstance(v, cfg.ModelConfig)}
+        data: dict[str, Any] = {
+            "workflow": cfg.as_component(workflow_func, where="tune(workflow_func)"),
+            "judges": specs,
+            "group_reward": cfg.as_component(group_reward, where="tune(group_reward)") if group_reward else None,
+            "train_dataset": train_dataset,
+            "eval_dataset": eval_dataset,
+            "model": model,
+            "auxiliary_models": aux_cfgs,
+            "algorithm": algorithm or cfg.AlgorithmConfig(),
+            "config_path": config_path,
+            "backend": backend,
+        }
+        if project_name:
+            data["project_name"] = project_name
+        if experiment_name:
+            data["experiment_name"] = experiment_name
+        run = cfg.build_run(data, options=run_options, where="tune()")
+    job = build_job(run)
+    for name, value in (auxiliary_models or {}).items():
+        if not isinstance(value, cfg.ModelConfig):
+            job.auxiliary_models[name] = value  # a ready ChatModel object
+    return run_job(job, backend=backend, dry_run=dry_run)

@@ -1,0 +1,6 @@
+"""An example reinforge judge plugin: rewards responses that contain a keyword."""
+
+from .__about__ import __version__
+from .plugin import keyword_judge
+
+__all__ = ["__version__", "keyword_judge"]
