@@ -33,7 +33,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     tasks = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(args.tasks)]
-    model = ScriptedChatModel(lambda messages, tools, sampling: f"The answer is {int(messages[-1]['content'].split()[2]) + 1}")
+    model = ScriptedChatModel(
+        lambda messages, tools, sampling: f"The answer is {int(messages[-1]['content'].split()[2]) + 1}"
+    )
     composer = RewardComposer([JudgeSlot("correct", bind(last_number, "judge"))])
     settings = RunnerSettings(group_size=args.group_size, max_concurrency=args.concurrency)
     runner = Runner(bind(workflow, "workflow"), composer, model=model, settings=settings)

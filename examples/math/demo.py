@@ -38,7 +38,16 @@ def scripted_student(seed: int = 0):
 def main() -> int:
     with OpenAIServer(scripted_student(), model_name="scripted-student") as server:
         return reinforge_main(
-            ["eval", str(HERE / "run.yaml"), "--api-base", server.base_url, "--model", "scripted-student", "--limit", "50"]
+            [
+                "eval",
+                str(HERE / "run.yaml"),
+                "--api-base",
+                server.base_url,
+                "--model",
+                "scripted-student",
+                "--limit",
+                "50",
+            ]
         )
 
 

@@ -112,7 +112,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     report = evaluate(run, split=args.split, limit=args.limit, api_base=args.api_base, model_name=args.model_name)
     summary = report.summary()
     m = report.metrics
-    print(f"eval {args.run_file}: split {report.split}, {report.tasks} tasks, {report.kept} scored, {report.seconds:.1f}s")
+    print(
+        f"eval {args.run_file}: split {report.split}, {report.tasks} tasks, {report.kept} scored, {report.seconds:.1f}s"
+    )
     print(f"  accuracy ({report.accuracy_key} >= {report.threshold:g}): {_fmt(report.accuracy)}")
     for dim in summary["dimensions"]:
         stats = "  ".join(f"{s} {_fmt(m.get(f'{dim}/{s}'))}" for s in ("mean", "std", "min", "max"))
@@ -193,7 +195,9 @@ def cmd_try(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         out = fn.check_output(asyncio.run(asyncio.wait_for(fn.call(inp.task, model), args.timeout)))
         rollout_seconds = time.perf_counter() - start
-        print(f"workflow {fn.name}: status {out.status.value} in {rollout_seconds:.2f}s, {len(traj.calls)} model call(s)")
+        print(
+            f"workflow {fn.name}: status {out.status.value} in {rollout_seconds:.2f}s, {len(traj.calls)} model call(s)"
+        )
         _print_calls(traj.calls)
         print(f"response: {response_text(out.response)}")
         if out.error:

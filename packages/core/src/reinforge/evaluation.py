@@ -31,7 +31,11 @@ class EvalReport:
     trajectories: list[Any] = field(default_factory=list, repr=False)
 
     def summary(self) -> dict[str, Any]:
-        dims = {k[: -len("/mean")]: v for k, v in self.metrics.items() if k.endswith("/mean") and k.startswith(("reward", "gate/"))}
+        dims = {
+            k[: -len("/mean")]: v
+            for k, v in self.metrics.items()
+            if k.endswith("/mean") and k.startswith(("reward", "gate/"))
+        }
         return {
             "accuracy": self.accuracy,
             "accuracy_key": self.accuracy_key,

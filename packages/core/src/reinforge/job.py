@@ -14,7 +14,7 @@ from .signatures import BoundFunction
 if TYPE_CHECKING:
     import pluggy
 
-    from .config import ComponentSpec, RunConfig
+    from .config import RunConfig
     from .models import ChatModel
     from .plugins import Registry
 

@@ -80,6 +80,4 @@ class GroupRewardOutput:
     def __post_init__(self) -> None:
         self.status = TaskStatus(self.status)
         if self.status is TaskStatus.SUCCESS:
-            self.rewards = [
-                _check_number("GroupRewardOutput", f"rewards[{i}]", r) for i, r in enumerate(self.rewards)
-            ]
+            self.rewards = [_check_number("GroupRewardOutput", f"rewards[{i}]", r) for i, r in enumerate(self.rewards)]

@@ -16,7 +16,7 @@ from .errors import ResolveError, SignatureError
 from .plugins import KINDS
 
 if TYPE_CHECKING:
-    from .config import ComponentSpec, RunConfig
+    from .config import ComponentSpec
     from .plugins import Registry
     from .signatures import BoundFunction
 

@@ -17,8 +17,9 @@ import logging
 import math
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .errors import ConfigError, ReinforgeError, RewardError
 from .outputs import JudgeOutput, TaskStatus
@@ -125,12 +126,16 @@ class MultiDimensionJudge:
         if callable(setup):
             setup()
 
-    async def __call__(self, task: dict, response: Any, auxiliary_models: Any = None, logger: Any = None) -> JudgeOutput:
+    async def __call__(
+        self, task: dict, response: Any, auxiliary_models: Any = None, logger: Any = None
+    ) -> JudgeOutput:
         async def one(dim: str, attr: str, is_async: bool, passes: tuple[str, ...]) -> tuple[str, JudgeOutput]:
             kwargs = {k: v for k, v in (("auxiliary_models", auxiliary_models), ("logger", logger)) if k in passes}
             method = getattr(self.instance, attr)
-            out = await method(task, response, **kwargs) if is_async else await asyncio.to_thread(
-                method, task, response, **kwargs
+            out = (
+                await method(task, response, **kwargs)
+                if is_async
+                else await asyncio.to_thread(method, task, response, **kwargs)
             )
             if isinstance(out, (int, float)):
                 out = JudgeOutput(reward=float(out))

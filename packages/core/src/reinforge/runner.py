@@ -14,9 +14,9 @@ import statistics
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .errors import ReinforgeError, RunnerError
 from .models import ChatModel, RecordingChatModel
@@ -235,7 +235,10 @@ class Runner:
             elif isinstance(exc, ReinforgeError):
                 raise exc
             elif exc is not None:  # includes a TimeoutError raised inside the workflow: transient
-                t.status, t.error = TaskStatus.FAILED, f"workflow {self.workflow.name} raised {type(exc).__name__}: {exc}"
+                t.status, t.error = (
+                    TaskStatus.FAILED,
+                    f"workflow {self.workflow.name} raised {type(exc).__name__}: {exc}",
+                )
                 t.seconds = time.perf_counter() - start
                 continue
             t.seconds = time.perf_counter() - start

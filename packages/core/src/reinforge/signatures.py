@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from .errors import RewardError, SignatureError
 from .outputs import GroupRewardOutput, JudgeOutput, WorkflowOutput
@@ -131,7 +132,9 @@ def bind(func: Any, role: str, settings: dict[str, Any] | None = None, *, name: 
             passes.append(p.name)
             continue
         if p.kind is p.POSITIONAL_ONLY:
-            raise SignatureError(f"{kind} {label}: parameter {p.name!r} is positional-only; reinforge passes settings by name")
+            raise SignatureError(
+                f"{kind} {label}: parameter {p.name!r} is positional-only; reinforge passes settings by name"
+            )
         if p.default is p.empty and p.name not in settings:
             raise SignatureError(
                 f"{kind} {label} has parameter {p.name!r}, which is not part of the contract "

@@ -71,7 +71,9 @@ def read_try_input(path: str | Path, role: str) -> TryInput:
         raise ConfigError(f"{path}: expected a 'task' key (or a DashScope input with 'func_type')")
     if not isinstance(data["task"], dict):
         raise ConfigError(f"{path}: 'task' must be an object")
-    out = TryInput(task=data["task"], model=data.get("model"), sampling=dict(data.get("sampling") or {}), source="reinforge")
+    out = TryInput(
+        task=data["task"], model=data.get("model"), sampling=dict(data.get("sampling") or {}), source="reinforge"
+    )
     if role == "judge":
         if "response" not in data:
             raise ConfigError(f"{path}: a judge input needs 'response'")
@@ -92,7 +94,11 @@ def _from_dashscope(data: dict[str, Any], path: str, role: str) -> TryInput:
         res = data.get("model_resource") or {}
         model = None
         if res:
-            model = {"model_path": res.get("model_name"), "api_base": res.get("base_url"), "api_key": res.get("api_key")}
+            model = {
+                "model_path": res.get("model_name"),
+                "api_base": res.get("base_url"),
+                "api_key": res.get("api_key"),
+            }
         sampling = {k: v for k, v in (data.get("sampling_params") or {}).items() if k not in ("max_turns", "timeout")}
         return TryInput(task=_dashscope_task(data, data.get("messages") or []), model=model, sampling=sampling)
     if role == "judge":
@@ -105,7 +111,9 @@ def _from_dashscope(data: dict[str, Any], path: str, role: str) -> TryInput:
         if not any(m.get("role") == "assistant" for m in messages if isinstance(m, dict)):
             out.notes.append("agent_output has no assistant message: the response is empty")
         if out.preset_reward is not None:
-            out.notes.append(f"agent_output.reward_score is {out.preset_reward}: in training the judges would be skipped")
+            out.notes.append(
+                f"agent_output.reward_score is {out.preset_reward}: in training the judges would be skipped"
+            )
         return out
     outputs = data.get("agent_outputs")
     if not isinstance(outputs, list):

@@ -53,6 +53,7 @@ def tune(
     backend: str | None = None,
     run: RunConfig | None = None,
     dry_run: bool = False,
+    plugin_manager: Any = None,
     **run_options: Any,
 ) -> Any:
     """Train ``workflow_func`` against the judges on ``train_dataset``.
@@ -61,7 +62,8 @@ def tune(
     ``judges`` items may also be dicts ``{ref, weight, args, gate, kind,
     metric_weights, name}``. ``run_options`` sets any other run-file key
     (``runner``, ``reward``, ``eval``, ``backend_args`` ...). Pass ``run=`` to
-    use an already loaded :class:`RunConfig` instead.
+    use an already loaded :class:`RunConfig` instead, and ``plugin_manager=``
+    to use a given plugin manager instead of the installed plugins.
     """
     from . import config as cfg
     from .job import build_job
@@ -90,7 +92,7 @@ def tune(
         if experiment_name:
             data["experiment_name"] = experiment_name
         run = cfg.build_run(data, options=run_options, where="tune()")
-    job = build_job(run)
+    job = build_job(run, plugin_manager)
     for name, value in (auxiliary_models or {}).items():
         if not isinstance(value, cfg.ModelConfig):
             job.auxiliary_models[name] = value  # a ready ChatModel object

@@ -20,7 +20,9 @@ _NUMBER = re.compile(r"[-+]?(?:\d[\d,]*\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 def _reference(task: dict, field: str, judge: str) -> Any:
     if field not in task:
-        raise RewardError(f"judge {judge!r} reads task[{field!r}], but the task has only {sorted(task)}; set args.field")
+        raise RewardError(
+            f"judge {judge!r} reads task[{field!r}], but the task has only {sorted(task)}; set args.field"
+        )
     return task[field]
 
 
@@ -54,7 +56,9 @@ def _close(a: float, b: float, tolerance: float) -> bool:
 def exact_match(task: dict, response: Any, field: str = "answer", ignore_case: bool = True, strip: bool = True):
     """1 when the response equals the reference (whitespace and case normalized by default)."""
     ref = str(_reference(task, field, "exact_match"))
-    return JudgeOutput(reward=float(_norm(response_text(response), ignore_case, strip) == _norm(ref, ignore_case, strip)))
+    return JudgeOutput(
+        reward=float(_norm(response_text(response), ignore_case, strip) == _norm(ref, ignore_case, strip))
+    )
 
 
 def contains(task: dict, response: Any, field: str = "answer", ignore_case: bool = True):
