@@ -13,6 +13,7 @@ from .__about__ import __version__
 from .hookspecs import hookimpl
 from .models import ChatModel, ChatResponse, ModelCall
 from .outputs import GroupRewardOutput, JudgeOutput, TaskStatus, WorkflowOutput
+from .text import response_text
 from .trajectory import Trajectory
 
 _LAZY = {
@@ -48,6 +49,7 @@ __all__ = [
     "TaskStatus",
     "WorkflowOutput",
     "Trajectory",
+    "response_text",
     *_LAZY,
 ]
 

@@ -12,21 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from reinforge import JudgeOutput, hookimpl
-
-
-def _text(response: Any) -> str:
-    """The text of a response: a string, a chat message dict or an object with text content."""
-    if response is None:
-        return ""
-    if isinstance(response, str):
-        return response
-    get_text = getattr(response, "get_text_content", None)
-    if callable(get_text):
-        return get_text() or ""
-    if isinstance(response, dict):
-        return str(response.get("content") or "")
-    return str(response)
+from reinforge import JudgeOutput, hookimpl, response_text
 
 
 async def keyword_judge(task: dict, response: Any, keyword: str = "please") -> JudgeOutput:
@@ -35,7 +21,7 @@ async def keyword_judge(task: dict, response: Any, keyword: str = "please") -> J
     ``keyword`` is a setting: a run file passes it under the judge's ``args``.
     A missing keyword is a wrong answer (reward 0), not a failure.
     """
-    found = keyword in _text(response)
+    found = keyword in response_text(response)
     return JudgeOutput(reward=1.0 if found else 0.0, metrics={"keyword_found": float(found)})
 
 
