@@ -221,3 +221,23 @@ def test_plugins_lists_core_builtins(capsys):
     out = capsys.readouterr().out
     assert out.startswith("reinforge ")
     assert "last_number" in out and "length_penalty" in out
+
+
+def test_plugins_add_subcommands_through_register_commands(monkeypatch, capsys):
+    from reinforge import hookimpl
+    from reinforge.plugins import get_plugin_manager
+
+    class Commands:
+        @hookimpl
+        def register_commands(self, register):
+            def run(args):
+                print(f"audited {args.judge}")
+                return 3
+
+            register("judge audit", run, help="audit a judge", arguments=lambda p: p.add_argument("--judge"))
+
+    pm = get_plugin_manager(load_entrypoints=False)
+    pm.register(Commands(), name="cmds")
+    monkeypatch.setattr("reinforge.plugins.get_plugin_manager", lambda: pm)
+    assert main(["judge", "audit", "--judge", "x"]) == 3
+    assert capsys.readouterr().out == "audited x\n"

@@ -15,7 +15,7 @@ from .errors import ReinforgeError
 ROLES = {"workflow": "workflow", "judge": "judge", "group-reward": "group_reward"}
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(pm: Any = None) -> argparse.ArgumentParser:
     from .__about__ import __version__
 
     p = argparse.ArgumentParser(prog="reinforge", description="Reinforcement fine-tuning for LLM agents.")
@@ -48,14 +48,47 @@ def _parser() -> argparse.ArgumentParser:
     sp.add_argument("--api-base", help="model endpoint for 'try workflow'")
     sp.add_argument("--model", dest="model_name", help="model name for 'try workflow'")
     sp.add_argument("--timeout", type=float, default=600.0)
+    p.set_defaults(run=None)
+    if pm is not None:
+        _add_plugin_commands(sub, pm)
     return p
 
 
+def _add_plugin_commands(sub: Any, pm: Any) -> None:
+    """Subcommands from ``register_commands`` hooks, e.g. ``reinforge judge audit``."""
+    groups: dict[str, Any] = {}
+
+    def register(name: str, run: Any, *, help: str = "", arguments: Any = None) -> None:  # noqa: A002
+        words = name.split()
+        target = sub
+        if len(words) > 1:
+            if words[0] not in groups:
+                groups[words[0]] = sub.add_parser(words[0], help=f"{words[0]} commands").add_subparsers(
+                    dest="subcommand", required=True
+                )
+            target = groups[words[0]]
+        parser = target.add_parser(words[-1], help=help)
+        if arguments is not None:
+            arguments(parser)
+        parser.set_defaults(run=run)
+
+    pm.hook.register_commands(register=register)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    from .plugins import get_plugin_manager
+
+    try:
+        pm = get_plugin_manager()
+    except ReinforgeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    args = _parser(pm).parse_args(argv)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())  # `module:attr` refs given on the command line resolve from here
     try:
+        if args.run is not None:
+            return int(args.run(args) or 0)
         return {"plugins": cmd_plugins, "tune": cmd_tune, "eval": cmd_eval, "try": cmd_try}[args.command](args)
     except ReinforgeError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -78,6 +78,20 @@ def register_backends(register: Any) -> None:
 
 
 @hookspec
+def register_commands(register: Any) -> None:
+    """Add subcommands to the ``reinforge`` command line.
+
+    :param register: ``register(name, run, *, help="", arguments=None)``.
+        ``name`` is the command path, e.g. ``"judge audit"`` (a group is
+        created for the first word when needed); ``arguments(parser)`` adds
+        argparse arguments; ``run(args) -> int`` executes it and returns the
+        exit code. Raise ``ReinforgeError`` for user errors: the CLI prints
+        them without a traceback.
+    :return: nothing.
+    """
+
+
+@hookspec
 def on_trajectory(trajectory: Trajectory) -> None:
     """Called once for every finished rollout, kept or discarded.
 
