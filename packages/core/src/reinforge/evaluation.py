@@ -93,20 +93,30 @@ def eval_model(job: TuneJob, api_base: str | None = None, model_name: str | None
     return make(cfg)
 
 
+def check_accuracy_key(job: TuneJob) -> None:
+    """Fail before any rollout when ``eval.accuracy_key`` names no dimension of the run."""
+    key = job.run.eval.accuracy_key
+    known = job.composer.dimensions
+    if key not in known and not any(key.startswith(d + "/") for d in known):
+        raise ConfigError(
+            f"{job.run.where('eval.accuracy_key')}: {key!r} is not a reward dimension; known: {sorted(known)}"
+        )
+
+
 def accuracy_of(result: BatchResult, key: str, threshold: float) -> float | None:
+    """Share of scored rollouts whose ``key`` dimension reaches ``threshold``.
+
+    A rollout without that dimension (a boundary score or a failed gate
+    skipped the judge) counts as not reaching it.
+    """
     kept = result.trajectories
     if not kept:
         return None
-    values = []
+    hits = 0
     for t in kept:
         value = t.reward if key == "reward" else t.rewards.get(key)
-        if value is None and key != "reward":
-            known = sorted({k for tr in kept for k in tr.rewards})
-            if key not in known:
-                raise ConfigError(f"eval.accuracy_key {key!r} is not a reward dimension of this run; known: {known}")
-            value = 0.0  # dimension skipped for this response (e.g. gate failed or boundary score)
-        values.append(float(value or 0.0) >= threshold)
-    return sum(values) / len(values)
+        hits += value is not None and value >= threshold
+    return hits / len(kept)
 
 
 def evaluate(
@@ -123,6 +133,7 @@ def evaluate(
     from .job import build_job
 
     job = job or build_job(run)
+    check_accuracy_key(job)
     dataset = eval_dataset(run, split, limit)
     rows = dataset.rows()
     chat_model = model or eval_model(job, api_base, model_name)

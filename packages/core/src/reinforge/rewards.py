@@ -251,6 +251,12 @@ class RewardComposer:
                 )
 
     @property
+    def dimensions(self) -> set[str]:
+        """The reward dimension names this composer can report (besides each judge's own metrics)."""
+        dims = {"reward"} | {f"reward/{j.name}" for j in self.scorers} | {f"gate/{j.name}" for j in self.gates}
+        return dims | ({"reward/group"} if self.group_weight else set())
+
+    @property
     def group_weight(self) -> float:
         return self.weights.get("group", 0.0)
 

@@ -228,7 +228,12 @@ class Runner:
             async with self._rollout_slots:
                 model = self.model_provider(t)
                 call = self.workflow.call(t.task, model, auxiliary_models=self.auxiliary_models, logger=self.logger)
-                finished, out, exc = await _within(call, settings.rollout_timeout_s)
+                try:
+                    finished, out, exc = await _within(call, settings.rollout_timeout_s)
+                finally:
+                    release = getattr(model, "release", None)
+                    if callable(release):  # tell a batching backend this rollout will not call again
+                        release()
             if not finished:  # our deadline: a looping agent is the model's fault, so it is scored
                 t.timed_out = True
                 counters["timeouts"] += 1

@@ -1,0 +1,53 @@
+"""Checkpoints: adapter (or full weights), optimizer, RNG states and data position, for exact resume."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reinforge.errors import ConfigError
+
+
+def save(folder: Path, *, model: Any, optimizer: Any, state: dict[str, Any], peft: bool) -> Path:
+    """Write a checkpoint aside, then move it into place, so a crash never leaves half of one."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if peft:
+        model.save_pretrained(str(tmp / "adapter"))
+    else:
+        torch.save(model.state_dict(), tmp / "model.pt")
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
+    (tmp / "state.json").write_text(json.dumps(state, indent=2))
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
+
+
+def latest(run_dir: Path) -> Path | None:
+    ckpts = sorted((run_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
+    ckpts = [c for c in ckpts if (c / "state.json").exists()]
+    return ckpts[-1] if ckpts else None
+
+
+def load(folder: Path, *, model: Any, optimizer: Any, peft: bool) -> dict[str, Any]:
+    if not (folder / "state.json").exists():
+        raise ConfigError(f"--resume: {folder} is not a checkpoint (no state.json)")
+    if peft:
+        from peft import set_peft_model_state_dict
+        from peft.utils import load_peft_weights
+
+        set_peft_model_state_dict(model, load_peft_weights(str(folder / "adapter"), device="cpu"))
+    else:
+        model.load_state_dict(torch.load(folder / "model.pt", map_location="cpu"))
+    optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu"))
+    rng = torch.load(folder / "rng.pt", weights_only=False)
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    return json.loads((folder / "state.json").read_text())

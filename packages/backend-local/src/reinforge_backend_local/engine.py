@@ -1,0 +1,280 @@
+"""The decode engine: batched generation with a KV cache, for many workflows at once.
+
+Requests from concurrent workflows (and from the HTTP endpoint) are collected
+by a micro-batcher and decoded together. Identical prompts (a GRPO group) are
+prefilled once and their KV cache is shared across the group; rows that finish
+are dropped from the batch, so a short answer does not pay for a long one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .sampling import request_generator, sample
+
+
+@dataclass
+class GenRequest:
+    """One completion to produce."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed_key: tuple = ()
+    order_key: tuple = ()
+
+
+@dataclass
+class GenResult:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length"
+    text: str
+
+
+@dataclass
+class EngineStats:
+    batches: int = 0
+    rows: int = 0
+    completion_tokens: int = 0
+    prefill_tokens: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "decode/batches": self.batches,
+            "decode/rows": self.rows,
+            "decode/completion_tokens": self.completion_tokens,
+            "decode/prefill_tokens": self.prefill_tokens,
+            "decode/seconds": self.seconds,
+            "decode/tokens_per_s": self.completion_tokens / self.seconds if self.seconds else 0.0,
+        }
+
+
+class Engine:
+    """Generates completions for batches of token prompts with one model."""
+
+    def __init__(self, model: Any, tokenizer: Any, *, max_model_len: int, max_batch: int = 64):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.max_batch = max_batch
+        self.device = next(model.parameters()).device
+        eos = {tokenizer.eos_token_id}
+        gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
+        self.eos_ids = sorted(i for i in eos if i is not None)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(type(base).forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.stats = EngineStats()
+        self.lock = threading.Lock()  # one generation at a time; training takes it too
+
+    # -- the decode loop ----------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        """Decode a batch synchronously; results in request order."""
+        from transformers import DynamicCache
+
+        start = time.perf_counter()
+        n = len(requests)
+        uniq: dict[tuple[int, ...], int] = {}
+        row_src = [uniq.setdefault(tuple(r.prompt_ids), len(uniq)) for r in requests]
+        prompts = list(uniq)
+        plen = max(len(p) for p in prompts)
+        dev = self.device
+        ids = torch.full((len(prompts), plen), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), plen), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding
+            ids[i, plen - len(p) :] = torch.tensor(p)
+            mask[i, plen - len(p) :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self._cache_kw: cache},
+        )
+        cache = getattr(out, "past_key_values", None) or cache
+        src = torch.tensor(row_src, device=dev)
+        if len(prompts) != n or row_src != list(range(n)):
+            cache.reorder_cache(src)  # share each prompt's KV cache across its group
+        logits = out.logits[:, -1, :].index_select(0, src)
+        mask = mask.index_select(0, src)
+        next_pos = pos[:, -1].index_select(0, src) + 1
+
+        budgets = [max(0, min(r.max_tokens, self.max_model_len - len(r.prompt_ids))) for r in requests]
+        longest = max(budgets) if budgets else 0
+        uniforms = torch.stack(
+            [torch.rand(max(longest, 1), generator=request_generator(*r.seed_key)) for r in requests]
+        ).to(dev)
+        temps = torch.tensor([r.temperature for r in requests], dtype=torch.float32, device=dev)
+        top_ps = torch.tensor([r.top_p for r in requests], dtype=torch.float32, device=dev)
+        tokens: list[list[int]] = [[] for _ in range(n)]
+        logprobs: list[list[float]] = [[] for _ in range(n)]
+        finish = ["length"] * n
+        texts = [""] * n
+        active = [i for i in range(n) if budgets[i] > 0]
+        if len(active) != n:
+            keep = torch.tensor(active, device=dev)
+            cache.batch_select_indices(keep)
+            logits, mask, next_pos = logits[keep], mask[keep], next_pos[keep]
+        eos = set(self.eos_ids)
+        step = 0
+        while active:
+            act = torch.tensor(active, device=dev)
+            tok, lp = sample(logits, uniforms.index_select(0, act)[:, step], temps[act], top_ps[act])
+            tok_l, lp_l = tok.tolist(), lp.tolist()
+            still: list[int] = []
+            for j, i in enumerate(active):
+                t = tok_l[j]
+                tokens[i].append(t)
+                logprobs[i].append(lp_l[j])
+                if t in eos:
+                    finish[i] = "stop"
+                    continue
+                if requests[i].stop:
+                    text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
+                    if any(s in text for s in requests[i].stop):
+                        finish[i] = "stop"
+                        continue
+                if len(tokens[i]) >= budgets[i]:
+                    continue
+                still.append(j)
+            step += 1
+            if not still:
+                break
+            if len(still) != len(active):
+                keep = torch.tensor(still, device=dev)
+                cache.batch_select_indices(keep)
+                tok, mask, next_pos = tok[keep], mask[keep], next_pos[keep]
+                active = [active[j] for j in still]
+            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
+            out = self.model(
+                input_ids=tok.unsqueeze(1),
+                attention_mask=mask,
+                position_ids=next_pos.unsqueeze(1),
+                use_cache=True,
+                **{self._cache_kw: cache},
+            )
+            logits = out.logits[:, -1, :]
+            next_pos = next_pos + 1
+        results = []
+        for i, r in enumerate(requests):
+            text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
+            for s in r.stop:
+                cut = text.find(s)
+                if cut >= 0:
+                    text = text[:cut]
+            texts[i] = text
+            results.append(GenResult(tokens[i], logprobs[i], finish[i], text))
+        self.stats.batches += 1
+        self.stats.rows += n
+        self.stats.completion_tokens += sum(len(t) for t in tokens)
+        self.stats.prefill_tokens += sum(len(p) for p in prompts)
+        self.stats.seconds += time.perf_counter() - start
+        return results
+
+
+class MicroBatcher:
+    """Collects concurrent requests and runs them as one ``Engine.generate`` call.
+
+    A batch starts when every active rollout is waiting on the model (so
+    batches do not depend on timing), when ``max_batch`` requests are
+    pending, or ``window_s`` after the first pending request (a rollout busy
+    in a tool does not hold the others up for long). Requests are ordered by
+    their ``order_key`` inside a batch.
+    """
+
+    def __init__(self, engine: Engine, *, window_s: float = 0.05):
+        self.engine = engine
+        self.window_s = window_s
+        self.active = 0  # rollouts that may still call the model
+        self._pending: list[tuple[GenRequest, asyncio.Future]] = []
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _ensure(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._wake, self._pending = loop, asyncio.Event(), []
+            self._task = loop.create_task(self._run())
+
+    def rollout_started(self) -> None:
+        self.active += 1
+
+    def rollout_finished(self) -> None:
+        self.active -= 1
+        if self._wake is not None:
+            self._wake.set()
+
+    async def submit(self, request: GenRequest) -> GenResult:
+        self._ensure()
+        assert self._wake is not None and self._loop is not None
+        fut: asyncio.Future = self._loop.create_future()
+        self._pending.append((request, fut))
+        self._wake.set()
+        return await fut
+
+    def submit_threadsafe(self, request: GenRequest, timeout: float | None = None) -> GenResult:
+        """For the HTTP endpoint's threads: queue on the batcher's loop and wait."""
+        if self._loop is None:
+            raise RuntimeError("the policy is not serving: no rollout is running")
+        return asyncio.run_coroutine_threadsafe(self.submit(request), self._loop).result(timeout)
+
+    def _ready(self) -> bool:
+        return bool(self._pending) and (
+            len(self._pending) >= max(self.active, 1) or len(self._pending) >= self.engine.max_batch
+        )
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if not self._pending:
+                continue
+            if not self._ready():
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wait_ready(), self.window_s)
+            batch = sorted(self._pending[: self.engine.max_batch], key=lambda p: p[0].order_key)
+            del self._pending[: len(batch)]
+            if self._pending:
+                self._wake.set()
+            try:
+                results = await asyncio.to_thread(self._generate, [r for r, _ in batch])
+            except BaseException as exc:  # noqa: BLE001 - hand the failure to every waiter
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                continue
+            for (_, fut), res in zip(batch, results):
+                if not fut.done():
+                    fut.set_result(res)
+
+    async def _wait_ready(self) -> None:
+        assert self._wake is not None
+        while not self._ready():
+            await self._wake.wait()
+            self._wake.clear()
+
+    def _generate(self, requests: list[GenRequest]) -> list[GenResult]:
+        with self.engine.lock:
+            return self.engine.generate(requests)

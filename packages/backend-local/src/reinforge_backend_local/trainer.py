@@ -1,0 +1,222 @@
+"""One policy-gradient update from scored trajectories.
+
+Every recorded model call of a kept trajectory becomes a training sample:
+prompt tokens as context, completion tokens as actions, the trajectory's
+advantage on every action token (for multi-step runs that is the trajectory
+reward broadcast to each call, as in step-wise GRPO). The loss is PPO-clip
+against the generation-time logprobs (ratio 1 on the first epoch), optionally
+sequence-level (GSPO), plus an optional k3 KL to the base model, which with
+LoRA is the same network with the adapter switched off.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from reinforge.runner import BatchResult
+
+from .algorithms import advantages, zero_variance
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logprobs: list[float]
+    advantage: float
+    weight: float = 1.0  # per-trajectory share, so long episodes do not dominate
+
+
+@dataclass
+class Samples:
+    items: list[Sample] = field(default_factory=list)
+    zero_variance_groups: int = 0
+    groups: int = 0
+    advantages: list[float] = field(default_factory=list)
+
+
+def build_samples(result: BatchResult, algo: Any) -> Samples:
+    """Advantages per group, then one sample per recorded model call."""
+    out = Samples()
+    groups = [g for g in result.groups if g.kept]
+    out.groups = len(groups)
+    group_relative = algo.algorithm_type not in ("reinforce_pp", "reinforce++")
+    scored = []
+    for g in groups:
+        rewards = [float(t.reward) for t in g.kept]
+        if group_relative and (len(rewards) < 2 or zero_variance(rewards)):
+            out.zero_variance_groups += 1
+            continue
+        scored.append((g, rewards))
+    if not scored:
+        return out
+    advs = advantages(algo.algorithm_type, [r for _, r in scored], algo.scale_rewards)
+    multi_step = algo.algorithm_type == "multi_step_grpo"
+    for (g, _), group_adv in zip(scored, advs):
+        for t, adv in zip(g.kept, group_adv):
+            calls = [c for c in t.calls if c.completion_token_ids]
+            if not calls:
+                continue
+            for call in calls:
+                if call.prompt_token_ids is None or call.logprobs is None:
+                    raise ValueError("a recorded call has no token ids or logprobs; the local policy records both")
+                out.items.append(
+                    Sample(
+                        list(call.prompt_token_ids),
+                        list(call.completion_token_ids),
+                        list(call.logprobs),
+                        adv,
+                        1.0 / len(calls) if multi_step else 1.0,
+                    )
+                )
+            out.advantages.append(adv)
+    return out
+
+
+def _micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
+    """Similar lengths together, so little compute is spent on padding."""
+    order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
+    return [order[i : i + size] for i in range(0, len(order), size)]
+
+
+class Trainer:
+    """Owns the optimizer; ``step`` runs ``ppo_epochs`` passes over one batch of samples."""
+
+    def __init__(self, model: Any, algo: Any, *, temperature: float, pad_id: int, micro_batch: int = 16, peft: bool):
+        self.model = model
+        self.algo = algo
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.pad_id = pad_id
+        self.micro_batch = micro_batch
+        self.peft = peft
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("no trainable parameters")
+        self.params = params
+        self.optimizer = torch.optim.AdamW(params, lr=algo.learning_rate, betas=(0.9, 0.999), weight_decay=0.0)
+        self.reference = None  # full fine-tuning with KL keeps a frozen copy
+
+    def _forward_logprobs(self, model: Any, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logprobs (and entropies) of each completion token, left-padded so completions end together."""
+        dev = next(model.parameters()).device
+        seqs = [s.prompt_ids + s.completion_ids for s in batch]
+        width = max(map(len, seqs))
+        comp = max(len(s.completion_ids) for s in batch)
+        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        cmask = torch.zeros((len(batch), comp), dtype=torch.float32)
+        for i, (s, seq) in enumerate(zip(batch, seqs)):
+            ids[i, width - len(seq) :] = torch.tensor(seq)
+            mask[i, width - len(seq) :] = 1
+            cmask[i, comp - len(s.completion_ids) :] = 1
+        ids, mask, cmask = ids.to(dev), mask.to(dev), cmask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        logits = model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=comp + 1, use_cache=False
+        ).logits
+        logits = logits[:, :-1, :].float() / self.temperature
+        targets = ids[:, width - comp :]
+        logp_all = torch.log_softmax(logits, dim=-1)
+        logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+        return logp, entropy, cmask
+
+    def _reference_logprobs(self, batch: list[Sample]) -> torch.Tensor:
+        with torch.no_grad():
+            if self.peft:
+                with self.model.disable_adapter():
+                    return self._forward_logprobs(self.model, batch)[0]
+            assert self.reference is not None
+            return self._forward_logprobs(self.reference, batch)[0]
+
+    def step(self, samples: Samples) -> dict[str, float]:
+        algo = self.algo
+        items = samples.items
+        metrics: dict[str, float] = {}
+        if not items:
+            return {"train/skipped_step": 1.0}
+        self.model.train()
+        t0 = time.perf_counter()
+        total_w_tokens = sum(s.weight * len(s.completion_ids) for s in items)
+        total_w_seqs = sum(s.weight for s in items)
+        low = algo.clip_range
+        high = algo.clip_range_high if algo.clip_range_high is not None else algo.clip_range
+        sums = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "ratio": 0.0}
+        tokens = 0
+        grad_norms = []
+        fwd_bwd = ref_s = 0.0
+        for _epoch in range(max(1, algo.ppo_epochs)):
+            self.optimizer.zero_grad(set_to_none=True)
+            for batch in _micro_batches(items, self.micro_batch):
+                tr = time.perf_counter()
+                ref = self._reference_logprobs(batch) if algo.kl_coef > 0 else None
+                ref_s += time.perf_counter() - tr
+                tf = time.perf_counter()
+                logp, entropy, cmask = self._forward_logprobs(self.model, batch)
+                comp = cmask.shape[1]
+                old = torch.zeros_like(logp)
+                adv = torch.tensor([s.advantage for s in batch], device=logp.device).unsqueeze(1)
+                weight = torch.tensor([s.weight for s in batch], device=logp.device).unsqueeze(1)
+                for i, s in enumerate(batch):
+                    old[i, comp - len(s.old_logprobs) :] = torch.tensor(s.old_logprobs)
+                log_ratio = (logp - old) * cmask
+                if algo.algorithm_type == "gspo":
+                    # one ratio per sequence: the geometric mean of its token ratios
+                    lengths = cmask.sum(1, keepdim=True).clamp(min=1)
+                    ratio = torch.exp(log_ratio.sum(1, keepdim=True) / lengths).expand_as(logp)
+                else:
+                    ratio = torch.exp(log_ratio)
+                unclipped = ratio * adv
+                clipped = torch.clamp(ratio, 1 - low, 1 + high) * adv
+                per_token = -torch.min(unclipped, clipped)
+                if ref is not None:
+                    d = ref - logp
+                    kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
+                    per_token = per_token + algo.kl_coef * kl
+                    sums["kl"] += float((kl * cmask * weight).sum())
+                if algo.loss_agg_mode == "sequence-mean":
+                    per_seq = (per_token * cmask).sum(1) / cmask.sum(1).clamp(min=1)
+                    loss = (per_seq * weight.squeeze(1)).sum() / total_w_seqs
+                else:
+                    loss = (per_token * cmask * weight).sum() / total_w_tokens
+                loss.backward()
+                fwd_bwd += time.perf_counter() - tf
+                n = float(cmask.sum())
+                tokens += int(n)
+                sums["loss"] += float(loss.detach()) / max(1, algo.ppo_epochs)
+                sums["entropy"] += float((entropy * cmask).sum())
+                sums["ratio"] += float((ratio.detach() * cmask).sum())
+                sums["clip_frac"] += float((((ratio - 1).abs() > torch.where(adv > 0, high, low)) * cmask).sum())
+            norm = torch.nn.utils.clip_grad_norm_(self.params, algo.max_grad_norm)
+            grad_norms.append(float(norm))
+            if not math.isfinite(float(norm)):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise FloatingPointError(f"gradient norm is {float(norm)}")
+            to = time.perf_counter()
+            self.optimizer.step()
+            metrics["time/optimizer"] = metrics.get("time/optimizer", 0.0) + time.perf_counter() - to
+        self.model.eval()
+        if not math.isfinite(sums["loss"]):
+            raise FloatingPointError(f"loss is {sums['loss']}")
+        metrics.update(
+            {
+                "loss": sums["loss"],
+                "entropy": sums["entropy"] / max(tokens, 1),
+                "kl": sums["kl"] / max(tokens, 1) if algo.kl_coef > 0 else 0.0,
+                "clip_frac": sums["clip_frac"] / max(tokens, 1),
+                "ratio/mean": sums["ratio"] / max(tokens, 1),
+                "grad_norm": grad_norms[-1],
+                "train/samples": float(len(items)),
+                "train/tokens": float(tokens / max(1, algo.ppo_epochs)),
+                "time/forward_backward": fwd_bwd,
+                "time/reference": ref_s,
+                "time/train": time.perf_counter() - t0,
+            }
+        )
+        return metrics
