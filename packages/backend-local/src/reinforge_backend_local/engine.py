@@ -218,6 +218,8 @@ class MicroBatcher:
             self._task = loop.create_task(self._run())
 
     def rollout_started(self) -> None:
+        """Called on the runner's event loop: binds the batcher to it (HTTP calls queue there too)."""
+        self._ensure()
         self.active += 1
 
     def rollout_finished(self) -> None:

@@ -135,88 +135,100 @@ class Trainer:
             assert self.reference is not None
             return self._forward_logprobs(self.reference, batch)[0]
 
+    def _batch_loss(self, batch: list[Sample], total_w_tokens: float, total_w_seqs: float) -> tuple[Any, dict]:
+        """This micro-batch's share of the step loss, and its token statistics."""
+        algo = self.algo
+        low = algo.clip_range
+        high = algo.clip_range_high if algo.clip_range_high is not None else algo.clip_range
+        tr = time.perf_counter()
+        ref = self._reference_logprobs(batch) if algo.kl_coef > 0 else None
+        ref_s = time.perf_counter() - tr
+        logp, entropy, cmask = self._forward_logprobs(self.model, batch)
+        comp = cmask.shape[1]
+        old = torch.zeros_like(logp)
+        for i, s in enumerate(batch):
+            old[i, comp - len(s.old_logprobs) :] = torch.tensor(s.old_logprobs)
+        adv = torch.tensor([s.advantage for s in batch], device=logp.device).unsqueeze(1)
+        weight = torch.tensor([s.weight for s in batch], device=logp.device).unsqueeze(1)
+        log_ratio = (logp - old) * cmask
+        if algo.algorithm_type == "gspo":
+            # one ratio per sequence: the geometric mean of its token ratios
+            lengths = cmask.sum(1, keepdim=True).clamp(min=1)
+            ratio = torch.exp(log_ratio.sum(1, keepdim=True) / lengths).expand_as(logp)
+        else:
+            ratio = torch.exp(log_ratio)
+        per_token = -torch.min(ratio * adv, torch.clamp(ratio, 1 - low, 1 + high) * adv)
+        stats = {"tokens": float(cmask.sum()), "reference_s": ref_s}
+        if ref is not None:
+            d = ref - logp
+            kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
+            per_token = per_token + algo.kl_coef * kl
+            stats["kl"] = float((kl.detach() * cmask).sum())
+        if algo.loss_agg_mode == "sequence-mean":
+            per_seq = (per_token * cmask).sum(1) / cmask.sum(1).clamp(min=1)
+            loss = (per_seq * weight.squeeze(1)).sum() / total_w_seqs
+        else:
+            loss = (per_token * cmask * weight).sum() / total_w_tokens
+        with torch.no_grad():
+            stats["entropy"] = float((entropy * cmask).sum())
+            stats["ratio"] = float((ratio * cmask).sum())
+            bound = torch.where(adv > 0, torch.tensor(high), torch.tensor(low))
+            stats["clip_frac"] = float((((ratio - 1).abs() > bound) * cmask).sum())
+        return loss, stats
+
+    @staticmethod
+    def _totals(items: list[Sample]) -> tuple[float, float]:
+        return sum(s.weight * len(s.completion_ids) for s in items), sum(s.weight for s in items)
+
+    def loss(self, samples: Samples) -> float:
+        """The loss of a batch under the current weights, without updating them."""
+        totals = self._totals(samples.items)
+        with torch.no_grad():
+            return sum(float(self._batch_loss(b, *totals)[0]) for b in _micro_batches(samples.items, self.micro_batch))
+
     def step(self, samples: Samples) -> dict[str, float]:
         algo = self.algo
         items = samples.items
-        metrics: dict[str, float] = {}
         if not items:
             return {"train/skipped_step": 1.0}
         self.model.train()
         t0 = time.perf_counter()
-        total_w_tokens = sum(s.weight * len(s.completion_ids) for s in items)
-        total_w_seqs = sum(s.weight for s in items)
-        low = algo.clip_range
-        high = algo.clip_range_high if algo.clip_range_high is not None else algo.clip_range
-        sums = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "ratio": 0.0}
-        tokens = 0
-        grad_norms = []
-        fwd_bwd = ref_s = 0.0
-        for _epoch in range(max(1, algo.ppo_epochs)):
-            self.optimizer.zero_grad(set_to_none=True)
-            for batch in _micro_batches(items, self.micro_batch):
-                tr = time.perf_counter()
-                ref = self._reference_logprobs(batch) if algo.kl_coef > 0 else None
-                ref_s += time.perf_counter() - tr
-                tf = time.perf_counter()
-                logp, entropy, cmask = self._forward_logprobs(self.model, batch)
-                comp = cmask.shape[1]
-                old = torch.zeros_like(logp)
-                adv = torch.tensor([s.advantage for s in batch], device=logp.device).unsqueeze(1)
-                weight = torch.tensor([s.weight for s in batch], device=logp.device).unsqueeze(1)
-                for i, s in enumerate(batch):
-                    old[i, comp - len(s.old_logprobs) :] = torch.tensor(s.old_logprobs)
-                log_ratio = (logp - old) * cmask
-                if algo.algorithm_type == "gspo":
-                    # one ratio per sequence: the geometric mean of its token ratios
-                    lengths = cmask.sum(1, keepdim=True).clamp(min=1)
-                    ratio = torch.exp(log_ratio.sum(1, keepdim=True) / lengths).expand_as(logp)
-                else:
-                    ratio = torch.exp(log_ratio)
-                unclipped = ratio * adv
-                clipped = torch.clamp(ratio, 1 - low, 1 + high) * adv
-                per_token = -torch.min(unclipped, clipped)
-                if ref is not None:
-                    d = ref - logp
-                    kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
-                    per_token = per_token + algo.kl_coef * kl
-                    sums["kl"] += float((kl * cmask * weight).sum())
-                if algo.loss_agg_mode == "sequence-mean":
-                    per_seq = (per_token * cmask).sum(1) / cmask.sum(1).clamp(min=1)
-                    loss = (per_seq * weight.squeeze(1)).sum() / total_w_seqs
-                else:
-                    loss = (per_token * cmask * weight).sum() / total_w_tokens
-                loss.backward()
-                fwd_bwd += time.perf_counter() - tf
-                n = float(cmask.sum())
-                tokens += int(n)
-                sums["loss"] += float(loss.detach()) / max(1, algo.ppo_epochs)
-                sums["entropy"] += float((entropy * cmask).sum())
-                sums["ratio"] += float((ratio.detach() * cmask).sum())
-                sums["clip_frac"] += float((((ratio - 1).abs() > torch.where(adv > 0, high, low)) * cmask).sum())
-            norm = torch.nn.utils.clip_grad_norm_(self.params, algo.max_grad_norm)
-            grad_norms.append(float(norm))
-            if not math.isfinite(float(norm)):
+        totals = self._totals(items)
+        epochs = max(1, algo.ppo_epochs)
+        sums = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "ratio": 0.0, "tokens": 0.0}
+        grad_norm = 0.0
+        timings = {"time/forward_backward": 0.0, "time/reference": 0.0, "time/optimizer": 0.0}
+        try:
+            for _epoch in range(epochs):
                 self.optimizer.zero_grad(set_to_none=True)
-                raise FloatingPointError(f"gradient norm is {float(norm)}")
-            to = time.perf_counter()
-            self.optimizer.step()
-            metrics["time/optimizer"] = metrics.get("time/optimizer", 0.0) + time.perf_counter() - to
-        self.model.eval()
-        if not math.isfinite(sums["loss"]):
-            raise FloatingPointError(f"loss is {sums['loss']}")
-        metrics.update(
-            {
-                "loss": sums["loss"],
-                "entropy": sums["entropy"] / max(tokens, 1),
-                "kl": sums["kl"] / max(tokens, 1) if algo.kl_coef > 0 else 0.0,
-                "clip_frac": sums["clip_frac"] / max(tokens, 1),
-                "ratio/mean": sums["ratio"] / max(tokens, 1),
-                "grad_norm": grad_norms[-1],
-                "train/samples": float(len(items)),
-                "train/tokens": float(tokens / max(1, algo.ppo_epochs)),
-                "time/forward_backward": fwd_bwd,
-                "time/reference": ref_s,
-                "time/train": time.perf_counter() - t0,
-            }
-        )
-        return metrics
+                for batch in _micro_batches(items, self.micro_batch):
+                    tf = time.perf_counter()
+                    loss, stats = self._batch_loss(batch, *totals)
+                    loss.backward()
+                    timings["time/forward_backward"] += time.perf_counter() - tf - stats["reference_s"]
+                    timings["time/reference"] += stats["reference_s"]
+                    sums["loss"] += float(loss.detach()) / epochs
+                    for key in ("kl", "entropy", "clip_frac", "ratio", "tokens"):
+                        sums[key] += stats.get(key, 0.0) / epochs
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, algo.max_grad_norm))
+                if not (math.isfinite(grad_norm) and math.isfinite(sums["loss"])):
+                    self.optimizer.zero_grad(set_to_none=True)
+                    raise FloatingPointError(f"loss is {sums['loss']}, gradient norm {grad_norm}")
+                to = time.perf_counter()
+                self.optimizer.step()
+                timings["time/optimizer"] += time.perf_counter() - to
+        finally:
+            self.model.eval()
+        tokens = max(sums["tokens"], 1.0)
+        return {
+            "loss": sums["loss"],
+            "entropy": sums["entropy"] / tokens,
+            "kl": sums["kl"] / tokens,
+            "clip_frac": sums["clip_frac"] / tokens,
+            "ratio/mean": sums["ratio"] / tokens,
+            "grad_norm": grad_norm,
+            "train/samples": float(len(items)),
+            "train/tokens": sums["tokens"],
+            **timings,
+            "time/train": time.perf_counter() - t0,
+        }

@@ -29,6 +29,7 @@ def _parser(pm: Any = None) -> argparse.ArgumentParser:
     sp.add_argument("run_file")
     sp.add_argument("--backend", help="backend name (default: the run file's, else 'local')")
     sp.add_argument("--dry-run", action="store_true", help="resolve and validate everything, train nothing")
+    sp.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
 
     sp = sub.add_parser("eval", help="workflow + judges over a split, no training")
     sp.add_argument("run_file")
@@ -48,6 +49,12 @@ def _parser(pm: Any = None) -> argparse.ArgumentParser:
     sp.add_argument("--api-base", help="model endpoint for 'try workflow'")
     sp.add_argument("--model", dest="model_name", help="model name for 'try workflow'")
     sp.add_argument("--timeout", type=float, default=600.0)
+
+    from . import report
+
+    sp = sub.add_parser("report", help="plots of a training run, with reward-hacking warnings")
+    report.add_arguments(sp)
+    sp.set_defaults(run=report.run)
     p.set_defaults(run=None)
     if pm is not None:
         _add_plugin_commands(sub, pm)
@@ -126,6 +133,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .tuning import run_job
 
     run = load_run(args.run_file)
+    if args.resume:
+        run.backend_args = {**run.backend_args, "resume": args.resume}
     job = build_job(run)
     result = run_job(job, backend=args.backend, dry_run=args.dry_run)
     if args.dry_run:
@@ -192,15 +201,35 @@ def _resolve(ref: str, role: str, settings: dict[str, Any]) -> Any:
     return bind(resolve(ref, kinds[role], registry, where="command line"), role, settings)
 
 
+def _print_message(msg: dict[str, Any], indent: str = "    ", limit: int = 2000) -> None:
+    role = msg.get("role")
+    if role == "tool":
+        role = f"tool {msg.get('name') or msg.get('tool_call_id') or ''}".rstrip()
+    text = str(msg.get("content") or "")
+    if len(text) > limit:
+        text = text[:limit] + f" ... [{len(text) - limit} more chars]"
+    first, *rest = text.splitlines() or [""]
+    print(f"{indent}[{role}] {first}")
+    for line in rest:
+        print(f"{indent}  {line}")
+    for tc in msg.get("tool_calls") or []:
+        fn = tc.get("function", {})
+        print(f"{indent}  -> tool call {fn.get('name')}({fn.get('arguments')})")
+
+
 def _print_calls(calls: list[Any]) -> None:
+    """Each call's new messages only: a multi-turn episode reads as one transcript."""
+    shown: list[tuple[Any, Any]] = []
     for i, call in enumerate(calls, 1):
         print(f"  call {i} ({call.seconds:.2f}s, finish {call.response.finish_reason}):")
-        for msg in call.messages:
-            print(f"    [{msg.get('role')}] {str(msg.get('content') or '')[:500]}")
-        print(f"    => {call.response.content[:1000]}")
-        for tc in call.response.tool_calls:
-            fn = tc.get("function", {})
-            print(f"    => tool call {fn.get('name')}({fn.get('arguments')})")
+        keys = [(m.get("role"), m.get("content") or "") for m in call.messages]
+        start = len(shown) if shown and keys[: len(shown)] == shown else 0
+        if start:
+            print(f"    ... {start} earlier message(s), as above")
+        for msg in call.messages[start:]:
+            _print_message(msg)
+        _print_message({**call.response.message, "role": "=> assistant"})
+        shown = keys + [("assistant", call.response.content)]
 
 
 def cmd_try(args: argparse.Namespace) -> int:

@@ -1,0 +1,69 @@
+import statistics
+
+import pytest
+
+from reinforge import ChatResponse, ModelCall, Trajectory
+from reinforge.config import AlgorithmConfig
+from reinforge.errors import ConfigError
+from reinforge.runner import BatchResult, GroupResult
+from reinforge_backend_local.algorithms import advantages
+from reinforge_backend_local.trainer import build_samples
+
+REWARDS = [1.0, 0.0, 0.5, 0.5]  # mean 0.5, population std sqrt(0.125)
+
+
+def test_grpo_advantages_by_hand():
+    std = 0.125**0.5
+    (got,) = advantages("grpo", [REWARDS], "group")
+    assert got == pytest.approx([0.5 / std, -0.5 / std, 0.0, 0.0], rel=1e-5)
+    (dr,) = advantages("grpo", [REWARDS], "none")  # Dr.GRPO: no std division
+    assert dr == pytest.approx([0.5, -0.5, 0.0, 0.0])
+    groups = [[1.0, 0.0], [3.0, 3.0]]  # batch std over all four rewards
+    batch_std = statistics.pstdev([1.0, 0.0, 3.0, 3.0])
+    got = advantages("grpo", groups, "batch")
+    assert got[0] == pytest.approx([0.5 / batch_std, -0.5 / batch_std], rel=1e-5)
+    assert got[1] == pytest.approx([0.0, 0.0])
+
+
+def test_rloo_leaves_one_out():
+    (got,) = advantages("rloo", [REWARDS], "group")
+    assert got == pytest.approx([1.0 - 1.0 / 3, 0.0 - 2.0 / 3, 0.5 - 1.5 / 3, 0.5 - 1.5 / 3])
+
+
+def test_reinforce_pp_normalizes_over_the_batch():
+    groups = [[1.0, 0.0], [2.0, 4.0]]
+    centered = [0.5, -0.5, -1.0, 1.0]
+    mean, std = statistics.fmean(centered), statistics.pstdev(centered)
+    got = advantages("reinforce_pp", groups, "group")
+    assert [a for g in got for a in g] == pytest.approx([(c - mean) / std for c in centered], rel=1e-5)
+
+
+def test_gspo_and_ppo_use_group_advantages_and_unknown_is_an_error():
+    assert advantages("gspo", [REWARDS]) == advantages("grpo", [REWARDS]) == advantages("ppo", [REWARDS])
+    with pytest.raises(ConfigError, match="reinforce_pp"):
+        advantages("a2c", [REWARDS])
+
+
+def _trajectory(reward, calls, task_index=0):
+    t = Trajectory(task={}, task_index=task_index, reward=reward)
+    for i in range(calls):
+        response = ChatResponse(
+            {"role": "assistant", "content": "x"},
+            prompt_token_ids=[1, 2, i],
+            completion_token_ids=[3, 4],
+            logprobs=[-0.1, -0.2],
+        )
+        t.calls.append(ModelCall(messages=[], response=response))
+    return t
+
+
+def test_multi_step_grpo_gives_every_call_its_runs_advantage():
+    group = GroupResult(task={}, task_index=0, group_id="g", kept=[_trajectory(1.0, 3), _trajectory(0.0, 2)])
+    flat = GroupResult(task={}, task_index=1, group_id="h", kept=[_trajectory(1.0, 1), _trajectory(1.0, 1)])
+    result = BatchResult([group, flat], counters=None, metrics={}, seconds=0.0)
+    samples = build_samples(result, AlgorithmConfig(algorithm_type="multi_step_grpo", group_size=2))
+    assert samples.zero_variance_groups == 1  # the all-equal group is skipped and counted
+    advs = [s.advantage for s in samples.items]
+    assert advs[:3] == [pytest.approx(1.0, rel=1e-5)] * 3 and advs[3:] == [pytest.approx(-1.0, rel=1e-5)] * 2
+    assert [s.weight for s in samples.items] == [pytest.approx(1 / 3)] * 3 + [0.5, 0.5]
+    assert [s.prompt_ids[-1] for s in samples.items] == [0, 1, 2, 0, 1]
