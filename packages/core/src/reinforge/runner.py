@@ -29,6 +29,8 @@ from .trajectory import Trajectory
 log = logging.getLogger("reinforge.runner")
 
 ModelProvider = Callable[[Trajectory], ChatModel]
+# What the workflow receives instead of its rollout's ChatModel (e.g. an AgentScope model over its endpoint).
+ModelAdapter = Callable[[ChatModel], Any]
 
 
 @dataclass
@@ -107,6 +109,7 @@ class Runner:
         sampling: dict[str, Any] | None = None,
         hook: Any = None,
         logger: logging.Logger | None = None,
+        model_adapter: ModelAdapter | None = None,
     ):
         if (model is None) == (model_provider is None):
             raise ValueError("give the Runner exactly one of model= or model_provider=")
@@ -124,6 +127,8 @@ class Runner:
             self.model_provider: ModelProvider = lambda t: RecordingChatModel(model, t, self.sampling)  # type: ignore[arg-type]
         else:
             self.model_provider = model_provider
+        # The workflow gets model_adapter(model); the runner still releases the rollout's own model.
+        self.model_adapter = model_adapter
         self._rollout_slots: asyncio.Semaphore | None = None
 
     # -- public ---------------------------------------------------------------------------
@@ -227,8 +232,9 @@ class Runner:
             preset = None
             async with self._rollout_slots:
                 model = self.model_provider(t)
-                call = self.workflow.call(t.task, model, auxiliary_models=self.auxiliary_models, logger=self.logger)
                 try:
+                    given = model if self.model_adapter is None else self.model_adapter(model)
+                    call = self.workflow.call(t.task, given, auxiliary_models=self.auxiliary_models, logger=self.logger)
                     finished, out, exc = await _within(call, settings.rollout_timeout_s)
                 finally:
                     release = getattr(model, "release", None)
