@@ -232,6 +232,32 @@ def tests(session: nox.Session, package: str) -> None:
     session.run("python", str(runner), *pytest_args, env={**TEST_ENV, "REINFORGE_NOX_PACKAGE": pkg.dist})
 
 
+# -- agentscope --------------------------------------------------------------------------------------------------
+
+AGENTSCOPE_TESTS = ("core/tests/test_agentscope_model.py", "backend-local/tests/test_agentscope_tutorial.py")
+
+
+@nox.session(python=TORCH_PYTHON, venv_backend=BACKEND, default=False)
+def agentscope(session: nox.Session) -> None:
+    """AgentScope v1 tuner workflows (reinforge[agentscope]): the tutorial trains one step on the local backend.
+
+    The extra is heavy, so the package test sessions leave it out and backend-local's
+    test_agentscope_tutorial.py skips there; this session installs it and runs those tests.
+    """
+    core, backend = _core(), PACKAGES_BY_DIR["backend-local"]
+    core_extras = tuple(sorted({"datasets", "litellm", "testing", "agentscope"}))
+    args = ["-e", core.spec(core_extras), "-e", backend.spec()]
+    _install(session, *args, *_group("test"), torch=backend.needs_torch, no_deps=backend.no_deps)
+    # fail here, loudly, rather than let the tutorial test skip itself for a broken install
+    session.run(
+        "python", "-c", "import agentscope.agent, agentscope.model; print('agentscope', agentscope.__version__)"
+    )
+    runner = _script(session, "run_pytest.py", _PYTEST_RUNNER)
+    session.chdir(PACKAGES_DIR)
+    env = {**TEST_ENV, "REINFORGE_NOX_PACKAGE": f"{core.dist}[agentscope]"}
+    session.run("python", str(runner), *AGENTSCOPE_TESTS, *session.posargs, env=env)
+
+
 # -- lint --------------------------------------------------------------------------------------------------------
 
 
@@ -325,9 +351,11 @@ def _install_for_scripts(session: nox.Session, folder: Path) -> None:
     requirements = folder / "requirements.txt"
     if requirements.is_file():
         text = requirements.read_text()
-        torch = "torch" in text or any(p.needs_torch and p.directory in text for p in PACKAGES)
+        named = [p for p in PACKAGES if f"packages/{p.directory}" in text]
+        torch = "torch" in text or any(p.needs_torch for p in named)
+        no_deps = tuple(dict.fromkeys(d for p in named for d in p.no_deps))
         session.chdir(ROOT)
-        _install(session, "-r", str(requirements), torch=torch)
+        _install(session, "-r", str(requirements), torch=torch, no_deps=no_deps)
         return
     core = _core()
     args = ["-e", core.spec(tuple(e for e in core.extras if e != "testing"))]

@@ -1,0 +1,452 @@
+"""The three LLM judges: pointwise, pairwise (both orders) and listwise (K shuffled orders).
+
+Each is a class configured once with the keys of :mod:`.config` and called with
+core's contract. The registered functions ``llm_pointwise``, ``llm_pairwise``
+and ``llm_listwise`` take the same keys as settings (a run file's ``args``)
+and share one judge object per distinct settings in the process, so the
+concurrency limit, the cache and the length trend are shared too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import random
+import threading
+import warnings
+import weakref
+from typing import Any, ClassVar
+
+from reinforge import GroupRewardOutput, JudgeOutput, TaskStatus
+from reinforge.errors import ConfigError
+
+from .cache import cache_key
+from .client import JudgeClient, JudgeFailed, Usage
+from .config import JudgeConfig, ListwiseConfig, PairwiseConfig, PointwiseConfig, defaults_of
+from .families import same_family
+from .length import LengthTrend
+from .prompts import (
+    Shown,
+    listwise_messages,
+    pairwise_messages,
+    parse_anchors,
+    parse_listwise,
+    parse_pairwise,
+    parse_pointwise,
+    pointwise_messages,
+    reference_text,
+    show,
+    task_text,
+)
+from .stats import spearman
+
+__all__ = [
+    "LLMJudge",
+    "ListwiseJudge",
+    "PairwiseJudge",
+    "PointwiseJudge",
+    "llm_listwise",
+    "llm_pairwise",
+    "llm_pointwise",
+    "reset_judges",
+]
+
+
+class LLMJudge:
+    """What the three judges share: settings, the client, guards and boundary scores."""
+
+    config_class: ClassVar[type[JudgeConfig]] = JudgeConfig
+    reinforge_kind = "model"  # core's rule gate skips model judges for responses that fail it
+
+    def __init__(self, *, name: str | None = None, **settings: Any):
+        where = f"judge {name or self.config_class.registered_name!r}"
+        self.config = self.config_class.from_settings(settings, where=where)
+        self.settings = dict(settings)  # as given, to build a sibling judge (calibration) with the same keys
+        self.reinforge_name = name or self.config_class.registered_name
+        self.client = JudgeClient(self.config, self.reinforge_name)
+        self._pairs_checked: dict[tuple[str | None, str | None], float] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.reinforge_name!r}, model={self.config.model!r})"
+
+    @property
+    def usage(self) -> Usage:
+        """Totals of every judgment this judge made in this process."""
+        return self.client.totals
+
+    # -- guards ----------------------------------------------------------------------------------
+    def _policy_name(self, responses: list[Any]) -> str | None:
+        if self.config.policy_model:
+            return self.config.policy_model
+        for r in responses:
+            name = getattr(r, "model", None) if not isinstance(r, dict) else r.get("model")
+            if isinstance(name, str) and name:
+                return name
+        return None
+
+    def _self_preference(self, model: Any, responses: list[Any]) -> float:
+        """1.0 when judge and policy share a family and the guard only warns; raises under ``error``."""
+        cfg = self.config
+        if cfg.self_preference == "off":
+            return 0.0
+        judge_name, policy_name = JudgeClient.model_name(model), self._policy_name(responses)
+        with self._lock:
+            known = self._pairs_checked.get((judge_name, policy_name))
+        if known is not None:
+            return known
+        family = same_family(judge_name, policy_name)
+        risk = 0.0
+        if family is not None:
+            message = (
+                f"judge {self.reinforge_name!r}: the judge model {judge_name!r} and the policy model {policy_name!r} "
+                f"are both {family} models; a judge prefers outputs of its own family (self-preference bias). Use a "
+                "judge from another family, or set args.self_preference: warn (or off) to accept the risk"
+            )
+            if cfg.self_preference == "error":
+                raise ConfigError(message)
+            warnings.warn(message, stacklevel=2)
+            risk = 1.0
+        with self._lock:
+            self._pairs_checked[(judge_name, policy_name)] = risk
+        return risk
+
+    def _boundary(self, shown: Shown) -> tuple[float, str] | None:
+        """A fixed score for an empty, truncated or oversized response, when configured."""
+        cfg = self.config
+        if not shown.text.strip() and cfg.empty_score is not None:
+            return cfg.empty_score, "empty"
+        if shown.truncated and cfg.truncated_score is not None:
+            return cfg.truncated_score, "truncated"
+        if shown.oversized and cfg.oversized_score is not None:
+            return cfg.oversized_score, "oversized"
+        return None
+
+    def _failed(self, error: str, usage: Usage) -> JudgeOutput:
+        return JudgeOutput(status=TaskStatus.FAILED, error=error, metrics=usage.metrics())
+
+
+class _SingleResponseJudge(LLMJudge):
+    """Pointwise and pairwise judges: one response per call; may require a calibration pass."""
+
+    def __init__(self, *, name: str | None = None, **settings: Any):
+        super().__init__(name=name, **settings)
+        self.calibration: Any = None  # the CalibrationReport once require_calibration has run
+        self._calibration_error: Exception | None = None
+        self._calibration_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def __call__(
+        self, task: dict, response: Any, auxiliary_models: dict[str, Any] | None = None, logger: Any = None
+    ) -> JudgeOutput:
+        if self.config.require_calibration is not None:
+            await self._ensure_calibrated(auxiliary_models)
+        usage = Usage()
+        shown = show(response, self.config)
+        fixed = self._boundary(shown)
+        if fixed is not None:
+            return JudgeOutput(reward=fixed[0], metrics={"skipped": 1.0, **usage.metrics()})
+        model = self.client.model_for(auxiliary_models)
+        risk = self._self_preference(model, [response])
+        try:
+            reward, metrics = await self._judge(task, shown, model, usage)
+        except JudgeFailed as exc:
+            if logger is not None:
+                logger.warning("%s", exc)
+            return self._failed(str(exc), usage)
+        metrics.update({"skipped": 0.0, "self_preference_risk": risk, **usage.metrics()})
+        return JudgeOutput(reward=reward, metrics=metrics)
+
+    async def _judge(self, task: dict, shown: Shown, model: Any, usage: Usage) -> tuple[float, dict[str, float]]:
+        raise NotImplementedError
+
+    async def _ensure_calibrated(self, auxiliary_models: dict[str, Any] | None) -> None:
+        """Run ``require_calibration`` once per process; after a failed pass every call raises again."""
+        if self._calibration_error is not None:
+            raise self._calibration_error
+        if self.calibration is not None:
+            return
+        with self._lock:
+            lock = self._calibration_locks.setdefault(asyncio.get_running_loop(), asyncio.Lock())
+        async with lock:
+            if self.calibration is None:
+                from .calibration import CalibrationError, calibrate_async
+
+                settings = {k: v for k, v in self.settings.items() if k != "require_calibration"}
+                report = await calibrate_async(
+                    type(self)(name=self.reinforge_name, **settings),
+                    self.config.require_calibration,
+                    auxiliary_models=auxiliary_models,
+                    min_spearman=self.config.calibration_min_rho,
+                    judge_label=self.reinforge_name,
+                )
+                if not report.passed:
+                    self._calibration_error = CalibrationError(
+                        f"judge {self.reinforge_name!r}: args.require_calibration failed on {report.gold}: "
+                        f"{report.verdict()}; fix the judge (rubric, anchors, model) before training on it"
+                    )
+                self.calibration = report
+        if self._calibration_error is not None:
+            raise self._calibration_error
+
+
+class PointwiseJudge(_SingleResponseJudge):
+    """Rubric + discrete scale (default 1-5) + anchors; reason before verdict; normalized to [0, 1].
+
+    Metrics: ``verdict`` (the integer score), ``raw`` (normalized, before length
+    normalization), ``length_adjustment``, ``skipped`` (1 when a boundary score
+    was used), ``self_preference_risk`` and ``usage/*``.
+    """
+
+    config_class = PointwiseConfig
+
+    def __init__(self, *, name: str | None = None, **settings: Any):
+        super().__init__(name=name, **settings)
+        cfg = self.config
+        assert isinstance(cfg, PointwiseConfig)
+        self.anchors = parse_anchors(cfg.anchors, cfg.scale, f"judge {self.reinforge_name!r}")
+        self.length_trend = LengthTrend(cfg.length_window, cfg.length_min_samples, cfg.length_slope)
+
+    async def _judge(self, task: dict, shown: Shown, model: Any, usage: Usage) -> tuple[float, dict[str, float]]:
+        cfg = self.config
+        assert isinstance(cfg, PointwiseConfig)
+        name = self.reinforge_name
+        messages = pointwise_messages(
+            task_text(task, cfg, name), reference_text(task, cfg, name, required=False), shown, cfg, self.anchors
+        )
+        score = await self.client.ask(messages, lambda text: parse_pointwise(text, cfg.low, cfg.high), usage, model)
+        raw = cfg.normalize(score)
+        reward, adjustment = raw, 0.0
+        if cfg.length_normalization:
+            key = self.client.key(model, messages, self.client.sampling(model))
+            reward, adjustment = self.length_trend.adjust(key, shown.length, raw)
+        return reward, {"verdict": float(score), "raw": raw, "length_adjustment": adjustment}
+
+
+class PairwiseJudge(_SingleResponseJudge):
+    """The response against ``task[reference_field]``, asked in both orders.
+
+    Only a consistent verdict counts: win 1.0, loss 0.0, tie ``tie_score``. When
+    the two orders disagree the result is a tie, and ``position_flip`` is 1 when
+    the judge picked the same position both times. Metrics: ``win``, ``tie``,
+    ``loss``, ``inconsistent``, ``position_flip``, ``usage/*``.
+    """
+
+    config_class = PairwiseConfig
+
+    async def compare(self, task: dict, first: Shown, second: Shown, model: Any, usage: Usage) -> str:
+        """``"A"``, ``"B"`` or ``"tie"`` for one order of two shown responses."""
+        messages = pairwise_messages(task_text(task, self.config, self.reinforge_name), first, second, self.config)
+        return await self.client.ask(messages, parse_pairwise, usage, model)
+
+    async def _judge(self, task: dict, shown: Shown, model: Any, usage: Usage) -> tuple[float, dict[str, float]]:
+        cfg = self.config
+        assert isinstance(cfg, PairwiseConfig)
+        reference = reference_text(task, cfg, self.reinforge_name, required=True)
+        other = show(reference, cfg)
+        if cfg.both_orders:
+            forward, backward = await asyncio.gather(
+                self.compare(task, shown, other, model, usage), self.compare(task, other, shown, model, usage)
+            )
+            verdicts = [_as_outcome(forward, candidate_is="A"), _as_outcome(backward, candidate_is="B")]
+        else:
+            verdicts = [_as_outcome(await self.compare(task, shown, other, model, usage), candidate_is="A")]
+        consistent = len(set(verdicts)) == 1
+        outcome = verdicts[0] if consistent else "tie"
+        flip = float(set(verdicts) == {"win", "loss"})
+        reward = {"win": 1.0, "loss": 0.0, "tie": cfg.tie_score}[outcome]
+        metrics = {
+            "win": float(outcome == "win"),
+            "tie": float(outcome == "tie"),
+            "loss": float(outcome == "loss"),
+            "inconsistent": float(not consistent),
+            "position_flip": flip,
+        }
+        return reward, metrics
+
+
+def _as_outcome(winner: str, *, candidate_is: str) -> str:
+    if winner == "tie":
+        return "tie"
+    return "win" if winner == candidate_is else "loss"
+
+
+class ListwiseJudge(LLMJudge):
+    """All responses of a group scored relative to each other, over K shuffled orders (RULER-like).
+
+    Each order is one call; a response's reward is its mean normalized score
+    over the orders. The orders are rotations of one seeded shuffle, so with
+    ``permutations`` equal to the group size (the default, ``null``) every
+    response is shown once at every position. The output always has one reward per response: a reply with
+    the wrong count is retried, then the group is FAILED, never padded. Group
+    metrics: ``position_bias`` (mean Spearman rho of shown position vs score),
+    ``permutation_spread`` (mean per-response std across orders),
+    ``permutations``, ``skipped``, ``self_preference_risk``, ``usage/*``.
+    """
+
+    config_class = ListwiseConfig
+
+    def orders(self, task_key: str, m: int) -> list[list[int]]:
+        """The K orders (lists of indices into the judged responses) for a group of ``m``."""
+        cfg = self.config
+        assert isinstance(cfg, ListwiseConfig)
+        base = list(range(m))
+        if cfg.shuffle and m > 1:
+            random.Random(int(task_key[:16], 16) ^ (cfg.seed or 0)).shuffle(base)
+        candidates = [base[i:] + base[:i] for i in range(m)]
+        if m > 2:
+            back = base[::-1]
+            candidates += [back[i:] + back[:i] for i in range(m)]
+        k = min(m if cfg.permutations is None else cfg.permutations, len(candidates))
+        if k <= m:
+            picks = [round(j * m / k) % m for j in range(k)]
+        else:
+            picks = list(range(m)) + [m + round(j * m / (k - m)) % m for j in range(k - m)]
+        return [candidates[p] for p in picks]
+
+    async def __call__(
+        self, task: dict, responses: list[Any], auxiliary_models: dict[str, Any] | None = None, logger: Any = None
+    ) -> GroupRewardOutput:
+        cfg = self.config
+        usage = Usage()
+        n = len(responses)
+        if n == 0:
+            return GroupRewardOutput(rewards=[], metrics=usage.metrics())
+        shown = [show(r, cfg) for r in responses]
+        rewards: list[float | None] = [None] * n
+        for i, s in enumerate(shown):
+            fixed = self._boundary(s)
+            if fixed is not None:
+                rewards[i] = fixed[0]
+        judged = [i for i in range(n) if rewards[i] is None]
+        metrics: dict[str, float] = {"skipped": float(n - len(judged))}
+        if not judged:
+            return GroupRewardOutput(rewards=[float(r) for r in rewards], metrics={**metrics, **usage.metrics()})
+        model = self.client.model_for(auxiliary_models)
+        metrics["self_preference_risk"] = self._self_preference(model, list(responses))
+        prompt = task_text(task, cfg, self.reinforge_name)
+        reference = reference_text(task, cfg, self.reinforge_name, required=False)
+        texts = [shown[i].text for i in judged]
+        orders = self.orders(cache_key(prompt, texts), len(judged))
+
+        async def one(order: list[int]) -> list[int]:
+            messages = listwise_messages(prompt, reference, [shown[judged[j]] for j in order], cfg)
+            return await self.client.ask(
+                messages, lambda text: parse_listwise(text, len(order), cfg.low, cfg.high), usage, model
+            )
+
+        try:
+            verdicts = await asyncio.gather(*(one(order) for order in orders))
+        except JudgeFailed as exc:
+            if logger is not None:
+                logger.warning("%s", exc)
+            return GroupRewardOutput(status=TaskStatus.FAILED, error=str(exc), metrics=usage.metrics())
+        per_response: list[list[float]] = [[] for _ in judged]
+        biases = []
+        for order, scores in zip(orders, verdicts):
+            for j, score in zip(order, scores):
+                per_response[j].append(cfg.normalize(score))
+            rho = spearman(list(range(len(order))), [float(s) for s in scores])
+            if rho is not None:
+                biases.append(-rho)  # positive: earlier positions scored higher
+        for j, i in enumerate(judged):
+            rewards[i] = sum(per_response[j]) / len(per_response[j])
+        spreads = [_std(values) for values in per_response]
+        metrics.update(
+            {
+                "position_bias": sum(biases) / len(biases) if biases else 0.0,
+                "permutation_spread": sum(spreads) / len(spreads),
+                "permutations": float(len(orders)),
+                **usage.metrics(),
+            }
+        )
+        return GroupRewardOutput(rewards=[float(r) for r in rewards], metrics=metrics)
+
+
+def _std(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mean = sum(values) / len(values)
+    return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
+
+
+# ---------------------------------------------------------------------------------------------- registered
+
+
+_JUDGES: dict[tuple[type, str], LLMJudge] = {}
+_JUDGES_LOCK = threading.Lock()
+
+
+def judge_for(cls: type[LLMJudge], settings: dict[str, Any]) -> Any:
+    """The one judge object of ``cls`` for these settings in this process."""
+    key = (cls, json.dumps(settings, sort_keys=True, default=repr))
+    with _JUDGES_LOCK:
+        judge = _JUDGES.get(key)
+        if judge is None:
+            judge = _JUDGES[key] = cls(**settings)
+        return judge
+
+
+def reset_judges() -> None:
+    """Forget the shared judge objects (their caches, trends and calibration results), e.g. between tests."""
+    from .cache import close_caches
+
+    with _JUDGES_LOCK:
+        _JUDGES.clear()
+    close_caches()
+
+
+def _signature(first: str, second: str, config: type[JudgeConfig]) -> inspect.Signature:
+    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [
+        inspect.Parameter(first, positional),
+        inspect.Parameter(second, positional),
+        inspect.Parameter("auxiliary_models", positional, default=None),
+        inspect.Parameter("logger", positional, default=None),
+    ]
+    for key, default in defaults_of(config).items():
+        params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=default))
+    return inspect.Signature(params)
+
+
+async def llm_pointwise(
+    task: dict, response: Any, auxiliary_models: dict[str, Any] | None = None, logger: Any = None, **settings: Any
+) -> JudgeOutput:
+    """Registered judge ``llm-pointwise``: see :class:`PointwiseJudge`; settings are its config keys."""
+    return await judge_for(PointwiseJudge, settings)(task, response, auxiliary_models, logger)
+
+
+async def llm_pairwise(
+    task: dict, response: Any, auxiliary_models: dict[str, Any] | None = None, logger: Any = None, **settings: Any
+) -> JudgeOutput:
+    """Registered judge ``llm-pairwise``: see :class:`PairwiseJudge`; settings are its config keys."""
+    return await judge_for(PairwiseJudge, settings)(task, response, auxiliary_models, logger)
+
+
+async def llm_listwise(
+    task: dict,
+    responses: list[Any],
+    auxiliary_models: dict[str, Any] | None = None,
+    logger: Any = None,
+    **settings: Any,
+) -> GroupRewardOutput:
+    """Registered group reward ``llm-listwise``: see :class:`ListwiseJudge`; settings are its config keys."""
+    return await judge_for(ListwiseJudge, settings)(task, responses, auxiliary_models, logger)
+
+
+for _func, _second, _config in (
+    (llm_pointwise, "response", PointwiseConfig),
+    (llm_pairwise, "response", PairwiseConfig),
+    (llm_listwise, "responses", ListwiseConfig),
+):
+    # core checks settings against the signature: every config key is a keyword setting, others are errors
+    _func.__signature__ = _signature("task", _second, _config)  # type: ignore[attr-defined]
+    _func.reinforge_kind = "model"  # type: ignore[attr-defined]
+    _func.reinforge_name = _config.registered_name  # type: ignore[attr-defined]
+    _func.reinforge_judge_class = {  # type: ignore[attr-defined]
+        PointwiseConfig: PointwiseJudge,
+        PairwiseConfig: PairwiseJudge,
+        ListwiseConfig: ListwiseJudge,
+    }[_config]

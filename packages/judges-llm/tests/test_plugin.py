@@ -1,0 +1,56 @@
+"""The entry point registers the judges, the group reward and the commands; `reinforge try` uses them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from judges_llm_testlib import JudgeScript
+
+from reinforge.cli import main
+from reinforge.plugins import build_registry
+from reinforge.testing import check_entry_point
+from reinforge_judges_llm import __version__, plugin
+
+
+def test_entry_point_registers_what_it_claims() -> None:
+    found = check_entry_point(
+        "reinforge-judges-llm", judges=["llm-pointwise", "llm-pairwise"], group_rewards=["llm-listwise"]
+    )
+    assert found["judges"] == ["llm-pairwise", "llm-pointwise"]
+
+
+def test_registered_judges_are_model_judges(reinforge_pm) -> None:
+    reinforge_pm.register(plugin, name="reinforge-judges-llm")
+    registry = build_registry(reinforge_pm)
+    for kind, name in (("judges", "llm-pointwise"), ("judges", "llm-pairwise"), ("group_rewards", "llm-listwise")):
+        component = registry.get(kind, name)
+        assert component.owner == "reinforge-judges-llm"
+        assert component.obj.reinforge_kind == "model"  # core's rule gate keeps failing responses away
+
+
+def test_plugins_command_lists_the_package(capsys) -> None:
+    assert main(["plugins", "--json"]) == 0
+    rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
+    row = rows["reinforge-judges-llm"]
+    assert row["version"] == __version__
+    assert row["registers"] == {"judges": ["llm-pointwise", "llm-pairwise"], "group_rewards": ["llm-listwise"]}
+    assert "register_commands" in row["hooks"]
+
+
+def test_judge_command_group_has_calibrate_and_audit(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["judge", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "calibrate" in out and "audit" in out
+
+
+def test_try_judge_runs_the_registered_judge(openai_server, tmp_path, capsys) -> None:
+    srv = openai_server(JudgeScript(pointwise=lambda t, r, ref: 5))
+    example = tmp_path / "input.json"
+    example.write_text(json.dumps({"task": {"question": "2+2?", "reference": "4"}, "response": "4"}))
+    args = json.dumps({"model": "judge", "api_base": srv.base_url})
+    assert main(["try", "judge", "llm-pointwise", "--input", str(example), "--args", args]) == 0
+    out = capsys.readouterr().out
+    assert "reward 1.0, status success" in out and "verdict: 5.0" in out
