@@ -1,6 +1,6 @@
 """Developer and CI tasks for the reinforge monorepo.
 
-Plain ``nox`` runs ``lint``, ``tests`` and ``build``. Other sessions: ``demo``, ``bench``.
+Plain ``nox`` runs ``lint``, ``tests``, ``agentscope`` and ``build``. Other sessions: ``demo``, ``bench``.
 
 Packages are discovered from ``packages/*/pyproject.toml``: a new package joins the
 matrix by existing. For each package:
@@ -21,6 +21,7 @@ Examples::
     nox -t core                          # core tests on every Python
     nox -s "tests(core-3.12)" -- -k yaml # one session, extra pytest args
     nox -s build -- core                 # build (and install-check) only core
+    nox -s agentscope                    # reinforge[agentscope]: AgentScope's tuner tutorial, one step
     nox -s demo
     nox -s bench -- my_bench             # only bench/my_bench.py
 """
@@ -44,7 +45,7 @@ from packaging.specifiers import SpecifierSet  # noqa: E402
 from packaging.utils import canonicalize_name  # noqa: E402
 
 nox.needs_version = ">=2025.5.1"
-nox.options.sessions = ["lint", "tests", "build"]
+nox.options.sessions = ["lint", "tests", "agentscope", "build"]  # agentscope: about 2 of the ~15 minutes
 nox.options.error_on_missing_interpreters = True  # a missing Python is a failure, never a silent skip
 nox.options.download_python = "never"  # only PyPI is reachable; use the interpreters on this machine
 

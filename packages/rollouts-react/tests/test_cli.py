@@ -97,9 +97,9 @@ def test_try_workflow_react_prints_the_transcript(tmp_path, capsys):
     assert code == 0, out
     assert "status success" in out and "2 model call(s)" in out
     assert "[user] What is 347 * 28?" in out
-    assert "=> Thought: I should use the calculator." in out and "Action: calculator" in out
+    assert "[=> assistant] Thought: I should use the calculator." in out and "Action: calculator" in out
     assert "[user] Observation: 9716" in out
-    assert "=> Thought: The calculator says 9716." in out
+    assert "[=> assistant] Thought: The calculator says 9716." in out
     assert "response: 9716" in out
     assert re.search(r"judge .*last_number: reward 1.0", out)
     assert "tool_call_count: 1.0" in out and "finish_reason/answer: 1.0" in out

@@ -19,25 +19,29 @@ annotation (``from __future__ import annotations``) is read as text.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import inspect
 import re
 import typing
 from collections.abc import Callable
 from typing import Any
 
-from .errors import ConfigError, ReinforgeError, require
+from .config import MODEL_INTERFACES
+from .errors import ConfigError, MissingExtraError, ReinforgeError, require
 from .models import RecordingChatModel
 
 __all__ = [
-    "MODEL_INTERFACES",
     "agentscope_adapter",
     "agentscope_chat_model",
+    "agentscope_available",
     "annotated_for_agentscope",
+    "check_model_interface",
     "wants_agentscope",
 ]
 
-MODEL_INTERFACES = ("reinforge", "agentscope")
 AGENTSCOPE_BASE = "ChatModelBase"
+EXTRA = "agentscope"
 # OpenAI-compatible endpoints of backends ignore the key, but the OpenAI client insists on one.
 DUMMY_API_KEY = "sk-none"
 # Run sampling defaults that go to the endpoint as request parameters.
@@ -68,10 +72,15 @@ def _lookup(dotted: str, namespace: dict[str, Any]) -> Any:
 
 
 def _string_mentions_agentscope(text: str, namespace: dict[str, Any]) -> bool:
+    """A string annotation: a name the function's module defines decides by its class (an alias, a
+    subclass such as ``OpenAIChatModel``, or an unrelated class of the same name); a name it does not
+    define (imported under ``TYPE_CHECKING``, say) is taken at its word."""
     for name in _DOTTED_NAME.findall(text):
-        if name.rsplit(".", 1)[-1] == AGENTSCOPE_BASE:
-            return True
-        if _is_agentscope_model_class(_lookup(name, namespace)):  # an alias or a subclass such as OpenAIChatModel
+        found = _lookup(name, namespace)
+        if isinstance(found, type):
+            if _is_agentscope_model_class(found):
+                return True
+        elif name.rsplit(".", 1)[-1] == AGENTSCOPE_BASE:
             return True
     return False
 
@@ -128,6 +137,21 @@ def wants_agentscope(workflow: Any, model_interface: str | None = None) -> bool:
     return annotated_for_agentscope(getattr(workflow, "func", workflow))
 
 
+def _agentscope_models() -> Any:
+    """``agentscope.model``, or a :class:`MissingExtraError` that names ``reinforge[agentscope]``."""
+    try:
+        require("agentscope", EXTRA)
+        return importlib.import_module("agentscope.model")
+    except ImportError as exc:
+        if isinstance(exc, MissingExtraError) and importlib.util.find_spec("agentscope") is None:
+            raise
+        cause = exc.__cause__ if isinstance(exc, MissingExtraError) else exc
+        raise MissingExtraError(
+            f"agentscope is installed but does not import ({type(cause).__name__}: {cause}); install versions that "
+            f"work together with: pip install 'reinforge[{EXTRA}]'"
+        ) from cause
+
+
 def agentscope_chat_model(model: Any, sampling: dict[str, Any] | None = None) -> Any:
     """An AgentScope ``OpenAIChatModel`` bound to ``model.base_url`` (the policy's recorded endpoint).
 
@@ -145,15 +169,23 @@ def agentscope_chat_model(model: Any, sampling: dict[str, Any] | None = None) ->
             "base_url: the backend must expose the policy as an OpenAI-compatible endpoint (model.base_url) "
             "for AgentScope workflows; the local backend does"
         )
-    model_module = require("agentscope.model", "agentscope")
+    model_module = _agentscope_models()
     generate_kwargs = {k: v for k, v in (sampling or {}).items() if k in SAMPLING_KEYS and v is not None}
-    return model_module.OpenAIChatModel(
+    cls = model_module.OpenAIChatModel
+    # AgentScope 1.0.0 to 1.0.9 named it client_args (later versions still accept that, with a warning)
+    client_key = "client_kwargs" if "client_kwargs" in inspect.signature(cls.__init__).parameters else "client_args"
+    return cls(
         model_name=getattr(model, "model_name", None) or "policy",
         api_key=getattr(model, "api_key", None) or DUMMY_API_KEY,
         stream=False,
-        client_kwargs={"base_url": str(base_url)},
         generate_kwargs=generate_kwargs,
+        **{client_key: {"base_url": str(base_url)}},
     )
+
+
+def agentscope_available() -> None:
+    """Raise :class:`MissingExtraError` unless AgentScope imports (``reinforge[agentscope]``)."""
+    _agentscope_models()
 
 
 def agentscope_adapter(sampling: dict[str, Any] | None = None) -> Callable[[Any], Any]:
@@ -161,6 +193,6 @@ def agentscope_adapter(sampling: dict[str, Any] | None = None) -> Callable[[Any]
 
     Checks that AgentScope is installed now, so a missing extra fails before any rollout.
     """
-    require("agentscope.model", "agentscope")
+    _agentscope_models()
     defaults = dict(sampling or {})
     return lambda model: agentscope_chat_model(model, defaults)

@@ -27,6 +27,7 @@ from .errors import ConfigError, require
 
 __all__ = [
     "ALGORITHMS",
+    "MODEL_INTERFACES",
     "AlgorithmConfig",
     "ComponentSpec",
     "DatasetConfig",
@@ -46,6 +47,9 @@ __all__ = [
 ]
 
 ALGORITHMS = ("grpo", "multi_step_grpo", "rloo", "reinforce_pp", "gspo", "ppo")
+# What a workflow's ``model`` is: a reinforge ChatModel, or an AgentScope model (reinforge[agentscope]).
+# Unset: decided by the workflow's ``model`` annotation (see reinforge.agentscope_model).
+MODEL_INTERFACES = ("reinforge", "agentscope")
 _NOT_YAML = {"yaml": False}  # field metadata: set by the loader, never written in a run file
 
 
@@ -689,6 +693,8 @@ class RunConfig(_Checked):
             self.judges = [self.judges]  # one judge given directly in Python
 
     def _validate(self) -> None:
+        if self.model_interface is not None:
+            _choice("model_interface", self.model_interface, MODEL_INTERFACES)
         seen: dict[str, int] = {}
         for i, spec in enumerate(self.judges):
             name = spec.metric_name

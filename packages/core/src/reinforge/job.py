@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .agentscope_model import agentscope_adapter, agentscope_available, wants_agentscope
 from .errors import ConfigError
 from .rewards import Boundaries, JudgeSlot, RewardComposer
 from .runner import Runner, RunnerSettings
@@ -65,7 +66,9 @@ class TuneJob:
 
     A backend calls :meth:`make_runner` with its own model (or a provider that
     hands each trajectory a recording model) and trains on the kept
-    trajectories of each batch.
+    trajectories of each batch. A workflow written for AgentScope's tuner gets
+    an AgentScope model over each rollout's ``model.base_url`` instead (see
+    :mod:`reinforge.agentscope_model`).
     """
 
     run: RunConfig
@@ -100,6 +103,9 @@ class TuneJob:
         )
         if sampling is None and self.run.model is not None:
             sampling = self.run.model.sampling()
+        adapter = None
+        if wants_agentscope(self.workflow, self.run.model_interface):
+            adapter = agentscope_adapter(sampling)  # the workflow was written for AgentScope's tuner
         return Runner(
             self.workflow,
             self.composer,
@@ -111,6 +117,7 @@ class TuneJob:
             sampling=sampling,
             hook=self.hook,
             logger=logging.getLogger(f"reinforge.workflow.{self.run.experiment_name}"),
+            model_adapter=adapter,
         )
 
 
@@ -123,6 +130,8 @@ def build_job(run: RunConfig, plugin_manager: pluggy.PluginManager | None = None
     registry = build_registry(pm)
     base = run.base_dir
     workflow = resolve_component(run.workflow, "workflow", registry, where=run.where("workflow"), base_dir=base)
+    if wants_agentscope(workflow, run.model_interface):
+        agentscope_available()  # a missing reinforge[agentscope] fails before any model loads
     group_reward = None
     if run.group_reward is not None:
         where = run.where("group_reward")
