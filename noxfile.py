@@ -71,6 +71,7 @@ class Package:
     needs_torch: bool
     pythons: tuple[str, ...]
     no_deps: tuple[str, ...] = ()  # [tool.reinforge] no-deps: installed with --no-deps (e.g. the model wheel)
+    test_packages: tuple[str, ...] = ()  # [tool.reinforge] test-packages: other monorepo packages its tests use
 
     @property
     def path(self) -> Path:
@@ -129,9 +130,14 @@ def _load_package(pyproject_path: Path) -> Package:
     candidates = [TORCH_PYTHON] if needs_torch else PYTHONS
     requires_python = SpecifierSet(project.get("requires-python", ""))
     pythons = tuple(py for py in candidates if requires_python.contains(f"{py}.0", prereleases=True))
-    no_deps = tuple(data.get("tool", {}).get("reinforge", {}).get("no-deps", ()))
+    settings = data.get("tool", {}).get("reinforge", {})
+    no_deps = tuple(settings.get("no-deps", ()))
+    test_packages = tuple(settings.get("test-packages", ()))
+    unknown = [d for d in test_packages if not (PACKAGES_DIR / d / "pyproject.toml").is_file()]
+    if unknown:
+        raise ValueError(f"{pyproject_path}: [tool.reinforge] test-packages names unknown folders {unknown}")
     import_name = dist.replace("-", "_").replace(".", "_")
-    return Package(directory, dist, import_name, extras, needs_torch, pythons, no_deps)
+    return Package(directory, dist, import_name, extras, needs_torch, pythons, no_deps, test_packages)
 
 
 def discover_packages() -> list[Package]:
@@ -219,6 +225,8 @@ def tests(session: nox.Session, package: str) -> None:
             "(every package must have tests)"
         )
     args = ["-e", pkg.spec()]
+    for other in pkg.test_packages:
+        args += ["-e", str(PACKAGES_DIR / other)]
     if not pkg.is_core:
         args = ["-e", _core().spec(("testing",)), *args]
     if session.venv_backend == "uv" and not pkg.needs_torch:

@@ -67,3 +67,25 @@ def test_max_model_len_below_the_prompt_is_a_clear_error(lora_policy):
     _, tokenizer = lora_policy
     with pytest.raises(ConfigError, match="max_model_len is 8 tokens, but a prompt has"):
         ChatTemplate(tokenizer, 8).prompt_ids([{"role": "user", "content": "a long enough question for sure"}])
+
+
+def test_a_non_finite_loss_raises_and_leaves_the_weights_alone(lora_policy):
+    model, tokenizer = lora_policy
+    trainer = Trainer(model, AlgorithmConfig(learning_rate=1e-3, group_size=2), temperature=1.0, pad_id=2, peft=True)
+    samples = _samples(model, tokenizer)
+    samples.items[0].old_logprobs[0] = float("nan")
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    with pytest.raises(FloatingPointError, match="nan"):
+        trainer.step(samples)
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_a_hub_id_that_is_not_on_disk_says_how_to_supply_a_folder(tmp_path, monkeypatch):
+    from reinforge_backend_local.modeling import resolve_model_path
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"Qwen/Qwen3-0.6B.*not used.*model_path: DIR"):
+        resolve_model_path("Qwen/Qwen3-0.6B")
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(ConfigError, match="no config.json"):
+        resolve_model_path(str(tmp_path / "folder"))

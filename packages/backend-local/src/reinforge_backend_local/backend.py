@@ -23,6 +23,7 @@ class Options:
     tensorboard: bool = True
     progress: bool = True
     report: bool = True  # write the report at the end
+    max_minutes: float | None = None  # stop training after this much wall time (then evaluate and save)
 
     @classmethod
     def from_run(cls, run: Any) -> Options:

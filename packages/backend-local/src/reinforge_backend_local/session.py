@@ -226,7 +226,11 @@ class TrainingSession:
                 _say(_eval_line(first_eval))
             progress = _Progress(total, enabled=opts.progress)
             progress.start(state["step"])
+            deadline = time.monotonic() + opts.max_minutes * 60 if opts.max_minutes else None
             while state["step"] < total and not self.stop_requested:
+                if deadline is not None and time.monotonic() > deadline:
+                    _say(f"time budget of {opts.max_minutes:g} min reached at step {state['step']}")
+                    break
                 step = state["step"] + 1
                 t0 = time.perf_counter()
                 tasks = self._next_batch(rows, state)
