@@ -3,9 +3,9 @@ import asyncio
 import pytest
 
 from reinforge import JudgeOutput, TaskStatus
+from reinforge.config import ScoreConfig
 from reinforge.errors import ConfigError, RewardError
 from reinforge.rewards import (
-    Boundaries,
     JudgeSlot,
     RewardComposer,
     aggregate_func,
@@ -52,7 +52,7 @@ def test_gate_failure_skips_model_judges_and_uses_gate_fail_score():
     gate = slot("format", const(0.0), gate=True)
     rule = slot("rule", const(1.0), weight=0.5)
     model = slot("model", const(1.0, model_calls), weight=0.5, kind="model")
-    c = RewardComposer([gate, rule, model], boundaries=Boundaries(gate_fail=-0.5))
+    c = RewardComposer([gate, rule, model], scores=ScoreConfig(gate_fail=-0.5))
     s = score(c)
     assert s.reward == -0.5
     assert model_calls == []
@@ -168,8 +168,8 @@ def test_sub_dimension_failure_fails_the_judge_not_zero():
 )
 def test_boundary_scores_are_explicit_and_skip_judges(response, kw, expected, flag):
     calls = []
-    b = Boundaries(empty=-1.0, oversized=-2.0, max_response_chars=10, truncated=-3.0, timeout=-4.0)
-    s = score(RewardComposer([slot("j", const(1.0, calls))], boundaries=b), response=response, **kw)
+    b = ScoreConfig(empty=-1.0, oversized=-2.0, max_response_chars=10, truncated=-3.0, timeout=-4.0)
+    s = score(RewardComposer([slot("j", const(1.0, calls))], scores=b), response=response, **kw)
     assert s.reward == expected
     assert s.flags[flag] == 1.0
     assert calls == []

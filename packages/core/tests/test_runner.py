@@ -4,9 +4,10 @@ from collections import Counter
 import pytest
 
 from reinforge import ChatResponse, GroupRewardOutput, JudgeOutput, TaskStatus, WorkflowOutput, hookimpl
+from reinforge.config import ScoreConfig
 from reinforge.errors import RewardError, RunnerError
 from reinforge.plugins import get_plugin_manager
-from reinforge.rewards import Boundaries, JudgeSlot, RewardComposer
+from reinforge.rewards import JudgeSlot, RewardComposer
 from reinforge.runner import Runner, RunnerSettings
 from reinforge.signatures import bind
 
@@ -33,7 +34,7 @@ def make_runner(judges=None, workflow=ask, group_reward=None, group_weight=None,
         group_reward_weight=group_weight,
         judge_timeout_s=settings.pop("judge_timeout_s", 5.0),
         max_retries=settings.get("max_retries", 2),
-        boundaries=settings.pop("boundaries", None),
+        scores=settings.pop("scores", None),
     )
     gr = bind(group_reward, "group_reward") if group_reward else None
     return Runner(
@@ -138,7 +139,7 @@ def test_workflow_timeout_is_scored_with_the_timeout_score():
         await model.chat([{"role": "user", "content": "again"}])
         await asyncio.Event().wait()
 
-    result = make_runner(workflow=loops, rollout_timeout_s=0.05, boundaries=Boundaries(timeout=-1.0)).run(tasks(1))
+    result = make_runner(workflow=loops, rollout_timeout_s=0.05, scores=ScoreConfig(timeout=-1.0)).run(tasks(1))
     (t,) = result.trajectories
     assert t.timed_out and t.reward == -1.0 and len(t.calls) == 1
     assert result.counters["timeouts"] == 1

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .agentscope_model import agentscope_adapter, agentscope_available, wants_agentscope
 from .errors import ConfigError
-from .rewards import Boundaries, JudgeSlot, RewardComposer
+from .rewards import JudgeSlot, RewardComposer
 from .runner import Runner, RunnerSettings
 from .signatures import BoundFunction
 
@@ -40,19 +41,10 @@ def build_composer(run: RunConfig, registry: Registry) -> RewardComposer:
                 metric_weights=dict(spec.metric_weights) if spec.metric_weights else None,
             )
         )
-    scores = run.reward.scores
-    boundaries = Boundaries(
-        empty=scores.empty,
-        truncated=scores.truncated,
-        oversized=scores.oversized,
-        max_response_chars=scores.max_response_chars,
-        timeout=scores.timeout,
-        gate_fail=scores.gate_fail,
-    )
     group_weight = run.group_reward.weight if run.group_reward is not None else None
     return RewardComposer(
         slots,
-        boundaries=boundaries,
+        scores=run.reward.scores,
         group_reward_weight=group_weight,
         strict_weights=run.reward.strict_weights,
         judge_timeout_s=run.runner.judge_timeout_s,
@@ -92,15 +84,8 @@ class TuneJob:
         sampling: dict[str, Any] | None = None,
     ) -> Runner:
         rc = self.run.runner
-        settings = RunnerSettings(
-            group_size=group_size if group_size is not None else self.run.algorithm.group_size,
-            max_concurrency=rc.max_concurrency,
-            rollout_timeout_s=rc.rollout_timeout_s,
-            judge_timeout_s=rc.judge_timeout_s,
-            max_retries=rc.max_retries,
-            drop_incomplete_groups=rc.drop_incomplete_groups,
-            min_group_size=rc.min_group_size,
-        )
+        size = group_size if group_size is not None else self.run.algorithm.group_size
+        settings = RunnerSettings(group_size=size, **dataclasses.asdict(rc))
         if sampling is None and self.run.model is not None:
             sampling = self.run.model.sampling()
         adapter = None

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import ScoreConfig
 from .errors import ConfigError, ReinforgeError, RewardError
 from .outputs import JudgeOutput, TaskStatus
 from .signatures import OPTIONAL, BoundFunction
@@ -179,18 +180,6 @@ class MultiDimensionJudge:
 
 
 @dataclass
-class Boundaries:
-    """Explicit scores for outputs judges should not see (None = judge normally)."""
-
-    empty: float | None = 0.0
-    truncated: float | None = None
-    oversized: float | None = 0.0
-    max_response_chars: int | None = None
-    timeout: float = 0.0
-    gate_fail: float = 0.0
-
-
-@dataclass
 class JudgeSlot:
     """One configured judge: function, metric name, weight and role."""
 
@@ -224,7 +213,7 @@ class RewardComposer:
         self,
         judges: list[JudgeSlot],
         *,
-        boundaries: Boundaries | None = None,
+        scores: ScoreConfig | None = None,
         group_reward_weight: float | None = None,
         strict_weights: bool = False,
         judge_timeout_s: float = 120.0,
@@ -237,7 +226,7 @@ class RewardComposer:
         self.judges = judges
         self.gates = [j for j in judges if j.gate]
         self.scorers = [j for j in judges if not j.gate]
-        self.boundaries = boundaries or Boundaries()
+        self.scores = scores or ScoreConfig()
         self.judge_timeout_s = judge_timeout_s
         self.max_retries = max_retries
         raw = {j.name: j.weight for j in self.scorers}
@@ -300,7 +289,7 @@ class RewardComposer:
 
     def boundary(self, text: str, *, timed_out: bool, truncated: bool) -> tuple[float | None, dict[str, float]]:
         """The fixed score for a timed-out, empty, oversized or truncated output, if any."""
-        b = self.boundaries
+        b = self.scores
         flags = {
             "boundary/timeout": float(timed_out),
             "boundary/empty": float(not text.strip()),
@@ -366,7 +355,7 @@ class RewardComposer:
                 rewards[f"reward/{slot.name}/{metric}"] = float(v)
             partial += self.weights.get(slot.name, 0.0) * value
         if not gate_pass:
-            return Score(reward=self.boundaries.gate_fail, rewards=rewards, flags=flags, final=True)
+            return Score(reward=self.scores.gate_fail, rewards=rewards, flags=flags, final=True)
         if self.group_weight:
             return Score(reward=None, rewards=rewards, flags=flags, partial=partial)
         return Score(reward=partial, rewards=rewards, flags=flags, final=True)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .config import RunnerConfig
 from .errors import ReinforgeError, RunnerError
 from .models import ChatModel, RecordingChatModel
 from .outputs import GroupRewardOutput, TaskStatus
@@ -34,16 +35,10 @@ ModelAdapter = Callable[[ChatModel], Any]
 
 
 @dataclass
-class RunnerSettings:
-    """The runner's knobs (``RunnerConfig`` in a run file maps onto these)."""
+class RunnerSettings(RunnerConfig):
+    """A run file's ``runner`` settings plus the group size of what is being run."""
 
     group_size: int = 1
-    max_concurrency: int = 32
-    rollout_timeout_s: float = 600.0
-    judge_timeout_s: float = 120.0
-    max_retries: int = 2
-    drop_incomplete_groups: bool = False
-    min_group_size: int = 2
 
 
 @dataclass
