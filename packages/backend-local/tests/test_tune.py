@@ -97,3 +97,80 @@ def test_unknown_algorithm_and_backend_args_are_clear_errors(model_folder, data,
             backend="local",
             backend_args={"micro_bacth": 4},
         )
+
+
+RUN_YAML = """
+workflow: flow:workflow
+judges: [flow:judge]
+train_dataset: {{path: {data}, total_steps: 6}}
+model: {{model_path: {model}, max_tokens: 8, lora_rank: 8, lora_alpha: 16}}
+algorithm: {{group_size: 2, batch_size: 2, learning_rate: 1.0e-3, save_interval_steps: 1, seed: 5}}
+backend: local
+backend_args: {{output_dir: {out}, progress: false, tensorboard: false, report: false}}
+"""
+
+
+def test_resume_after_a_kill_between_steps_reproduces_the_next_step(model_folder, data, tmp_path):
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from reinforge.config import load_run
+
+    (tmp_path / "flow.py").write_text(
+        "from reinforge import JudgeOutput, WorkflowOutput\n"
+        "async def workflow(task, model):\n"
+        "    return WorkflowOutput(response=await model.chat([{'role': 'user', 'content': task['question']}]))\n"
+        "def judge(task, response):\n"
+        "    return JudgeOutput(reward=float(len(response.content)) / 40.0)\n"
+    )
+
+    def run_file(out):
+        path = tmp_path / f"{out}.yaml"
+        path.write_text(RUN_YAML.format(data=data, model=model_folder, out=tmp_path / out))
+        return path
+
+    def tune_in_process(path, recorder, **backend_args):
+        pm = get_plugin_manager()
+        pm.register(recorder, name="recorder")
+        run = load_run(path)
+        run.backend_args = {**run.backend_args, **backend_args}
+        return tune(run=run, plugin_manager=pm)
+
+    reference = Recorder()
+    tune_in_process(run_file("reference"), reference)
+
+    killed = run_file("killed")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reinforge", "tune", str(killed)],
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ},
+    )
+    deadline = time.monotonic() + 300
+    try:
+        while not list((tmp_path / "killed").glob("*/*/checkpoints/step-1/state.json")):
+            assert proc.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.05)  # waiting for a file to appear, not for a duration
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    (run_dir,) = (tmp_path / "killed").glob("*/*")
+    shutil.rmtree(run_dir / "checkpoints" / "step-6", ignore_errors=True)  # in case it got that far
+    done = max(
+        int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*") if (p / "state.json").exists()
+    )
+    assert done < 6, "the run finished before the kill; nothing to resume"
+
+    resumed = Recorder()
+    summary = tune_in_process(killed, resumed, resume=str(run_dir))
+    step = done + 1
+    assert summary["steps"] == 6 and min(resumed.steps) == step
+    assert resumed.steps[step]["loss"] == reference.steps[step]["loss"]
+    sampled = {k: v for k, v in reference.tokens.items() if k[0] == step - 1}
+    assert sampled and {k: v for k, v in resumed.tokens.items() if k[0] == step - 1} == sampled
