@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from .fused import FusedProjections
 from .sampling import request_generator, sample
 
 
@@ -79,18 +78,14 @@ class Engine:
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         params = inspect.signature(type(base).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self.fused = FusedProjections(model)
         self.stats = EngineStats()
         self.lock = threading.Lock()  # one generation at a time; training takes it too
 
     # -- the decode loop ----------------------------------------------------------------------
 
+    @torch.inference_mode()
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         """Decode a batch synchronously; results in request order."""
-        with torch.inference_mode(), self.fused.active():
-            return self._generate(requests)
-
-    def _generate(self, requests: list[GenRequest]) -> list[GenResult]:
         from transformers import DynamicCache
 
         start = time.perf_counter()
