@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 import statistics
 
+from reinforge.config import ALGORITHMS
 from reinforge.errors import ConfigError
 
 EPS = 1e-6
-ALGORITHMS = ("grpo", "multi_step_grpo", "rloo", "reinforce_pp", "gspo", "ppo")
 
 
 def _std(values: list[float]) -> float:
@@ -63,7 +63,7 @@ def advantages(algorithm: str, groups: list[list[float]], scale_rewards: str = "
         out = grpo(groups, scale_rewards)
     elif algorithm == "rloo":
         out = rloo(groups)
-    elif algorithm in ("reinforce_pp", "reinforce++"):
+    elif algorithm == "reinforce_pp":
         out = reinforce_pp(groups)
     else:
         raise ConfigError(f"algorithm.algorithm_type {algorithm!r} is not one of {', '.join(ALGORITHMS)}")

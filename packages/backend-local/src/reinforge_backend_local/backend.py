@@ -7,8 +7,6 @@ from typing import Any
 
 from reinforge.errors import ConfigError
 
-from .algorithms import ALGORITHMS
-
 
 @dataclass
 class Options:
@@ -57,10 +55,6 @@ class LocalBackend:
         run = job.run
         opts = Options.from_run(run)
         algo = run.algorithm
-        if algo.algorithm_type not in ALGORITHMS:
-            raise ConfigError(
-                f"{run.where('algorithm.algorithm_type')}: {algo.algorithm_type!r} is not one of {ALGORITHMS}"
-            )
         model = run.model.model_path if run.model else DEFAULT_MODEL
         return {
             "backend": "local",

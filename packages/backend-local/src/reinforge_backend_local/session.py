@@ -20,7 +20,6 @@ from reinforge.evaluation import accuracy_of, check_accuracy_key
 from reinforge.models import RecordingChatModel
 
 from . import checkpoint
-from .algorithms import ALGORITHMS
 from .endpoint import PolicyEndpoint
 from .engine import Engine, MicroBatcher
 from .metrics_log import MetricsLog
@@ -105,11 +104,6 @@ class TrainingSession:
         self.run = job.run
         self.opts = opts
         self.algo = self.run.algorithm
-        if self.algo.algorithm_type not in ALGORITHMS:
-            raise ConfigError(
-                f"{self.run.where('algorithm.algorithm_type')}: {self.algo.algorithm_type!r} is not one of "
-                f"{', '.join(ALGORITHMS)}"
-            )
         if self.run.train_dataset is None:
             raise ConfigError(f"{self.run.where('train_dataset')}: the local backend needs a train_dataset")
         self.mc = self.run.model or ModelConfig(model_path=DEFAULT_MODEL)
@@ -324,23 +318,21 @@ def _trim_metrics(path: Path, step: int) -> None:
     path.write_text("".join(line + "\n" for line in keep))
 
 
-def _eval_line(record: dict[str, Any]) -> str:
-    def pct(v: Any) -> str:
-        return "-" if v is None else f"{100 * v:.1f}%"
+def _pct(v: Any) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
 
+
+def _eval_line(record: dict[str, Any]) -> str:
     return (
-        f"eval at step {record['step']}: greedy accuracy {pct(record.get('accuracy/greedy'))}, "
-        f"sampled {pct(record.get('accuracy/sampled'))}, reward {record.get('reward/mean', float('nan')):.3f}"
+        f"eval at step {record['step']}: greedy accuracy {_pct(record.get('accuracy/greedy'))}, "
+        f"sampled {_pct(record.get('accuracy/sampled'))}, reward {record.get('reward/mean', float('nan')):.3f}"
     )
 
 
 def _summary_line(summary: dict[str, Any]) -> str:
-    def pct(v: Any) -> str:
-        return "-" if v is None else f"{100 * v:.1f}%"
-
     line = (
         f"{summary['status']} after {summary['steps']} steps; held-out greedy accuracy "
-        f"{pct(summary['accuracy_before'])} -> {pct(summary['accuracy_after'])}; run folder {summary['run_dir']}"
+        f"{_pct(summary['accuracy_before'])} -> {_pct(summary['accuracy_after'])}; run folder {summary['run_dir']}"
     )
     if summary.get("report"):
         line += f"; report {summary['report']}"

@@ -45,7 +45,7 @@ def build_samples(result: BatchResult, algo: Any) -> Samples:
     out = Samples()
     groups = [g for g in result.groups if g.kept]
     out.groups = len(groups)
-    group_relative = algo.algorithm_type not in ("reinforce_pp", "reinforce++")
+    group_relative = algo.algorithm_type != "reinforce_pp"
     scored = []
     for g in groups:
         rewards = [float(t.reward) for t in g.kept]
