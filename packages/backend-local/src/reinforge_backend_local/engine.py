@@ -62,90 +62,122 @@ class EngineStats:
 
 
 class Engine:
-    """Generates completions for batches of token prompts with one model."""
+    """Generates completions for batches of token prompts with one model.
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_model_len: int, max_batch: int = 64):
+    Llama-family models run on the hand-written :mod:`.decoder` (shared
+    prefixes prefilled once, a preallocated cache); others, or
+    ``fast=False``, on Hugging Face's forward with a dynamic cache. A batch
+    whose cache would pass ``kv_cache_mb`` is decoded in several parts.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_model_len: int,
+        max_batch: int = 64,
+        fast: bool = True,
+        kv_cache_mb: float = 1024,
+    ):
+        from .decoder import LlamaDecoder, unsupported_reason
+
         self.model = model
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.max_batch = max_batch
+        self.kv_cache_mb = kv_cache_mb
         self.device = next(model.parameters()).device
         eos = {tokenizer.eos_token_id}
         gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         eos.update(gen_eos if isinstance(gen_eos, list) else [gen_eos])
         self.eos_ids = sorted(i for i in eos if i is not None)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        params = inspect.signature(type(base).forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self.decoder = None
+        self.slow_reason = "fast=False" if not fast else unsupported_reason(model)
+        if self.slow_reason is None and self.device.type != "cpu":
+            self.slow_reason = f"device {self.device.type}"
+        if self.slow_reason is None:
+            self.decoder = LlamaDecoder(model)
         self.stats = EngineStats()
         self.lock = threading.Lock()  # one generation at a time; training takes it too
+
+    def _session(self) -> Any:
+        return self.decoder.session() if self.decoder is not None else _HFSession(self)
+
+    def _parts(self, requests: list[GenRequest]) -> list[list[GenRequest]]:
+        """Consecutive slices whose KV cache fits ``kv_cache_mb`` (a single request always goes)."""
+        cfg = getattr(getattr(self.model, "get_base_model", lambda: self.model)(), "config", None)
+        if cfg is None or not self.kv_cache_mb:
+            return [requests]
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        per_slot = 2 * cfg.num_hidden_layers * heads * head_dim * 4
+        budget = self.kv_cache_mb * 2**20
+        parts: list[list[GenRequest]] = []
+        part: list[GenRequest] = []
+        width = 0
+        for r in requests:
+            need = min(len(r.prompt_ids) + r.max_tokens, self.max_model_len)
+            w = max(width, need)
+            if part and (len(part) + 1) * w * per_slot > budget:
+                parts.append(part)
+                part, w = [], need
+            part.append(r)
+            width = w
+        parts.append(part)
+        return parts
 
     # -- the decode loop ----------------------------------------------------------------------
 
     @torch.inference_mode()
     def generate(self, requests: list[GenRequest]) -> list[GenResult]:
         """Decode a batch synchronously; results in request order."""
-        from transformers import DynamicCache
-
         start = time.perf_counter()
+        results: list[GenResult] = []
+        for part in self._parts(requests):
+            results += self._generate(part)
+        self.stats.batches += 1
+        self.stats.rows += len(requests)
+        self.stats.seconds += time.perf_counter() - start
+        return results
+
+    def _generate(self, requests: list[GenRequest]) -> list[GenResult]:
         n = len(requests)
         uniq: dict[tuple[int, ...], int] = {}
         row_src = [uniq.setdefault(tuple(r.prompt_ids), len(uniq)) for r in requests]
-        prompts = list(uniq)
-        plen = max(len(p) for p in prompts)
-        dev = self.device
-        ids = torch.full((len(prompts), plen), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), plen), dtype=torch.long)
-        for i, p in enumerate(prompts):  # left padding
-            ids[i, plen - len(p) :] = torch.tensor(p)
-            mask[i, plen - len(p) :] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
-        cache = DynamicCache()
-        out = self.model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_kw: cache},
-        )
-        cache = getattr(out, "past_key_values", None) or cache
-        src = torch.tensor(row_src, device=dev)
-        if len(prompts) != n or row_src != list(range(n)):
-            cache.reorder_cache(src)  # share each prompt's KV cache across its group
-        logits = out.logits[:, -1, :].index_select(0, src)
-        mask = mask.index_select(0, src)
-        next_pos = pos[:, -1].index_select(0, src) + 1
-
+        prompts = [list(p) for p in uniq]
         budgets = [max(0, min(r.max_tokens, self.max_model_len - len(r.prompt_ids))) for r in requests]
         longest = max(budgets) if budgets else 0
+        session = self._session()
+        logits = session.prefill(prompts, row_src, longest)
+        self.stats.prefill_tokens += sum(len(p) for p in prompts)
         uniforms = torch.stack(
             [torch.rand(max(longest, 1), generator=request_generator(*r.seed_key)) for r in requests]
-        ).to(dev)
-        temps = torch.tensor([r.temperature for r in requests], dtype=torch.float32, device=dev)
-        top_ps = torch.tensor([r.top_p for r in requests], dtype=torch.float32, device=dev)
+        )
+        temps = torch.tensor([r.temperature for r in requests], dtype=torch.float32)
+        top_ps = torch.tensor([r.top_p for r in requests], dtype=torch.float32)
         tokens: list[list[int]] = [[] for _ in range(n)]
         logprobs: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
-        texts = [""] * n
-        active = [i for i in range(n) if budgets[i] > 0]
-        if len(active) != n:
-            keep = torch.tensor(active, device=dev)
-            cache.batch_select_indices(keep)
-            logits, mask, next_pos = logits[keep], mask[keep], next_pos[keep]
         eos = set(self.eos_ids)
+        rows = list(range(n))  # the request decoded in each row of the session
+        live = [j for j in rows if budgets[j] > 0]  # rows still generating
         step = 0
-        while active:
-            act = torch.tensor(active, device=dev)
-            tok, lp = sample(logits, uniforms.index_select(0, act)[:, step], temps[act], top_ps[act])
+        while live:
+            act = torch.tensor([rows[j] for j in live])
+            tok, lp = sample(
+                logits.index_select(0, torch.tensor(live)) if len(live) != len(rows) else logits,
+                uniforms.index_select(0, act)[:, step],
+                temps[act],
+                top_ps[act],
+            )
             tok_l, lp_l = tok.tolist(), lp.tolist()
             still: list[int] = []
-            for j, i in enumerate(active):
-                t = tok_l[j]
+            for j, t, p in zip(live, tok_l, lp_l):
+                i = rows[j]
                 tokens[i].append(t)
-                logprobs[i].append(lp_l[j])
+                logprobs[i].append(p)
                 if t in eos:
                     finish[i] = "stop"
                     continue
@@ -160,21 +192,15 @@ class Engine:
             step += 1
             if not still:
                 break
-            if len(still) != len(active):
-                keep = torch.tensor(still, device=dev)
-                cache.batch_select_indices(keep)
-                tok, mask, next_pos = tok[keep], mask[keep], next_pos[keep]
-                active = [active[j] for j in still]
-            mask = torch.cat([mask, mask.new_ones((len(active), 1))], dim=1)
-            out = self.model(
-                input_ids=tok.unsqueeze(1),
-                attention_mask=mask,
-                position_ids=next_pos.unsqueeze(1),
-                use_cache=True,
-                **{self._cache_kw: cache},
-            )
-            logits = out.logits[:, -1, :]
-            next_pos = next_pos + 1
+            feed = torch.full((len(rows),), self.pad_id, dtype=torch.long)
+            feed[torch.tensor(live)] = tok
+            if len(still) != len(rows):  # finished rows leave the batch
+                session.keep(still)
+                feed = feed.index_select(0, torch.tensor(still))
+                rows = [rows[j] for j in still]
+                still = list(range(len(rows)))
+            live = still
+            logits = session.step(feed)
         results = []
         for i, r in enumerate(requests):
             text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
@@ -182,14 +208,66 @@ class Engine:
                 cut = text.find(s)
                 if cut >= 0:
                     text = text[:cut]
-            texts[i] = text
             results.append(GenResult(tokens[i], logprobs[i], finish[i], text))
-        self.stats.batches += 1
-        self.stats.rows += n
         self.stats.completion_tokens += sum(len(t) for t in tokens)
-        self.stats.prefill_tokens += sum(len(p) for p in prompts)
-        self.stats.seconds += time.perf_counter() - start
         return results
+
+
+class _HFSession:
+    """The same interface as :class:`~.decoder.DecodeSession` over the model's own forward."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        model = engine.model
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        params = inspect.signature(type(base).forward).parameters
+        self.cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    def prefill(self, prompts: list[list[int]], row_src: list[int], capacity: int) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        plen = max(len(p) for p in prompts)
+        dev = self.engine.device
+        ids = torch.full((len(prompts), plen), self.engine.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), plen), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding
+            ids[i, plen - len(p) :] = torch.tensor(p)
+            mask[i, plen - len(p) :] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        cache = DynamicCache()
+        out = self.engine.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            logits_to_keep=1,
+            **{self.cache_kw: cache},
+        )
+        self.cache = getattr(out, "past_key_values", None) or cache
+        src = torch.tensor(row_src, device=dev)
+        if len(prompts) != len(row_src) or row_src != list(range(len(row_src))):
+            self.cache.reorder_cache(src)  # share each prompt's KV cache across its group
+        self.mask = mask.index_select(0, src)
+        self.next_pos = pos[:, -1].index_select(0, src) + 1
+        return out.logits[:, -1, :].index_select(0, src).float().cpu()
+
+    def keep(self, rows: list[int]) -> None:
+        index = torch.tensor(rows, device=self.engine.device)
+        self.cache.batch_select_indices(index)
+        self.mask, self.next_pos = self.mask[index], self.next_pos[index]
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.mask = torch.cat([self.mask, self.mask.new_ones((len(tokens), 1))], dim=1)
+        out = self.engine.model(
+            input_ids=tokens.to(self.engine.device).unsqueeze(1),
+            attention_mask=self.mask,
+            position_ids=self.next_pos.unsqueeze(1),
+            use_cache=True,
+            **{self.cache_kw: self.cache},
+        )
+        self.next_pos = self.next_pos + 1
+        return out.logits[:, -1, :].float().cpu()
 
 
 class MicroBatcher:

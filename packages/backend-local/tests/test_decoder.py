@@ -1,0 +1,151 @@
+"""The hand-written decoder against Hugging Face's forward, on the real SmolLM2-135M."""
+
+import pytest
+import torch
+
+from reinforge.config import ModelConfig
+from reinforge_backend_local.decoder import LlamaDecoder, unsupported_reason
+from reinforge_backend_local.engine import Engine, GenRequest
+from reinforge_backend_local.modeling import load_policy
+from reinforge_backend_local.policy import ChatTemplate
+from reinforge_backend_local.weights import attach_lora, merged_for_decode
+
+SYSTEM = "You are a careful calculator. Reply with just the number."
+ATOL = 2e-3  # logits are O(10); float32 summation order differs between the two paths
+
+
+@pytest.fixture(scope="module")
+def policy(model_folder):
+    model, tokenizer, _ = load_policy(str(model_folder))
+    return model.eval(), tokenizer
+
+
+def _prompt(tokenizer, question, system=SYSTEM):
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    return ChatTemplate(tokenizer, 512).prompt_ids(messages)
+
+
+def _reference_logits(model, sequences):
+    """Next-token logits after each full sequence, one unpadded forward per sequence."""
+    with torch.inference_mode():
+        return torch.stack([model(input_ids=torch.tensor([s])).logits[0, -1].float() for s in sequences])
+
+
+def _check_against_hf(model, prompts, row_src, steps=3):
+    session = LlamaDecoder(model).session()
+    with torch.inference_mode():
+        logits = session.prefill(prompts, row_src, capacity=steps + 1)
+    sequences = [list(prompts[s]) for s in row_src]
+    torch.testing.assert_close(logits, _reference_logits(model, sequences), atol=ATOL, rtol=0)
+    for k in range(steps):
+        feed = torch.tensor([1000 + 37 * r + 11 * k for r in range(len(row_src))])  # a different token per row
+        with torch.inference_mode():
+            logits = session.step(feed)
+        for seq, t in zip(sequences, feed.tolist()):
+            seq.append(t)
+        torch.testing.assert_close(logits, _reference_logits(model, sequences), atol=ATOL, rtol=0)
+
+
+def test_distinct_prompts_with_a_shared_system_prompt_match_hf(policy):
+    model, tok = policy
+    prompts = [_prompt(tok, q) for q in ("What is 2 + 3?", "What is 41 + 17?", "Add 100 and 250, please.")]
+    assert len(set(len(p) for p in prompts)) > 1  # uneven lengths: left padding after the shared prefix
+    _check_against_hf(model, prompts, [0, 1, 2])
+
+
+def test_groups_of_identical_prompts_share_one_prefill_and_match_hf(policy):
+    model, tok = policy
+    prompts = [_prompt(tok, "What is 6 + 9?"), _prompt(tok, "What is 12 + 30?")]
+    _check_against_hf(model, prompts, [0, 0, 0, 1, 1])
+
+
+def test_prompts_without_a_common_prefix_match_hf(policy):
+    model, tok = policy
+    prompts = [[1, 504, 3300, 28], [9906, 314, 2222, 1133, 17, 47, 12000]]
+    _check_against_hf(model, prompts, [0, 1])
+
+
+def test_dropping_finished_rows_keeps_the_others_exact(policy):
+    model, tok = policy
+    prompts = [_prompt(tok, f"What is {a} + {a}?") for a in (3, 14, 159, 2653)]
+    full, compact = LlamaDecoder(model).session(), LlamaDecoder(model).session()
+    with torch.inference_mode():
+        full.prefill(prompts, [0, 1, 2, 3], 4)
+        compact.prefill(prompts, [0, 1, 2, 3], 4)
+        feed = torch.tensor([500, 600, 700, 800])
+        full.step(feed)
+        compact.step(feed)
+        compact.keep([1, 3])
+        feed = torch.tensor([901, 902, 903, 904])
+        expected = full.step(feed)[[1, 3]]
+        got = compact.step(feed[[1, 3]])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_a_live_lora_adapter_is_applied_and_a_merged_one_is_not_applied_twice(model_folder):
+    model, tok, _ = load_policy(str(model_folder))
+    model = attach_lora(model, ModelConfig(model_path=str(model_folder), lora_rank=8, lora_alpha=16)).eval()
+    torch.manual_seed(0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.05)
+    prompts = [_prompt(tok, "What is 5 + 8?")]
+    with torch.inference_mode():
+        adapted = _reference_logits(model, prompts)
+        with model.disable_adapter():
+            plain = _reference_logits(model, prompts)
+    assert (adapted - plain).abs().max() > 0.1  # the adapter matters
+    dec = LlamaDecoder(model)
+    with torch.inference_mode():
+        live = dec.session().prefill(prompts, [0], 1)
+        with merged_for_decode(model, True):
+            merged = dec.session().prefill(prompts, [0], 1)
+        with model.disable_adapter():
+            disabled = dec.session().prefill(prompts, [0], 1)
+    torch.testing.assert_close(live, adapted, atol=ATOL, rtol=0)
+    torch.testing.assert_close(merged, adapted, atol=ATOL, rtol=0)
+    torch.testing.assert_close(disabled, plain, atol=ATOL, rtol=0)
+
+
+def test_engine_fast_and_hf_paths_sample_the_same_completions(policy):
+    model, tok = policy
+    prompts = [_prompt(tok, q) for q in ("What is 7 + 5?", "What is 30 + 12?")]
+    requests = [GenRequest(p, 8, temperature=1.0, seed_key=(3, i)) for i, p in enumerate(prompts) for _ in range(2)]
+    fast = Engine(model, tok, max_model_len=512)
+    slow = Engine(model, tok, max_model_len=512, fast=False)
+    assert fast.decoder is not None and slow.decoder is None
+    a, b = fast.generate(requests), slow.generate(requests)
+    # Same per-request random numbers; logits agree to ~1e-5, so the draws agree.
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    for x, y in zip(a, b):
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-3)
+        assert x.finish_reason == y.finish_reason and x.text == y.text
+
+
+def test_a_batch_over_the_kv_budget_is_decoded_in_parts(policy):
+    model, tok = policy
+    prompt = _prompt(tok, "What is 1 + 1?")
+    per_row = 2 * 30 * 3 * 64 * 4 * (len(prompt) + 4)  # bytes of float32 K and V for one row, 30 layers
+    engine = Engine(model, tok, max_model_len=512, kv_cache_mb=2.5 * per_row / 2**20)  # room for two rows
+    requests = [GenRequest(prompt, 4, temperature=0.0) for _ in range(6)]
+    assert [len(p) for p in engine._parts(requests)] == [2, 2, 2]
+    results = engine.generate(requests)
+    assert len({tuple(r.token_ids) for r in results}) == 1  # greedy, same prompt: same answer in every part
+
+
+def test_other_architectures_fall_back_to_the_hf_forward():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=32, vocab_size=300, n_positions=64)).eval()
+    assert "gpt2" in unsupported_reason(model)
+
+    class Tok:
+        eos_token_id, pad_token_id = 299, 299
+
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    engine = Engine(model, Tok(), max_model_len=64)
+    assert engine.decoder is None and "gpt2" in engine.slow_reason
+    out = engine.generate([GenRequest([5, 6, 7], 3, temperature=0.0), GenRequest([8, 9], 3, temperature=0.0)])
+    assert all(1 <= len(r.token_ids) <= 3 for r in out)
