@@ -36,7 +36,16 @@ def _say(message: str) -> None:
 class Policy:
     """Model, tokenizer, engine, batcher and endpoint: everything that generates."""
 
-    def __init__(self, mc: ModelConfig, *, max_batch: int, window_s: float, lora: bool):
+    def __init__(
+        self,
+        mc: ModelConfig,
+        *,
+        max_batch: int,
+        window_s: float,
+        lora: bool,
+        fast_decode: bool = True,
+        kv_cache_mb: float = 1024,
+    ):
         self.config = mc
         model, tokenizer, self.folder = load_policy(mc.model_path, dtype=mc.dtype)
         self.peft = lora and not mc.full_finetune
@@ -47,7 +56,14 @@ class Policy:
         self.model = model
         self.tokenizer = tokenizer
         self.name = mc.model_path or DEFAULT_MODEL
-        self.engine = Engine(model, tokenizer, max_model_len=mc.max_model_len, max_batch=max_batch)
+        self.engine = Engine(
+            model,
+            tokenizer,
+            max_model_len=mc.max_model_len,
+            max_batch=max_batch,
+            fast=fast_decode,
+            kv_cache_mb=kv_cache_mb,
+        )
         self.batcher = MicroBatcher(self.engine, window_s=window_s)
         self.template = ChatTemplate(tokenizer, mc.max_model_len)
         self.endpoint = PolicyEndpoint(self.name).start()
@@ -182,7 +198,14 @@ class TrainingSession:
                 eval_rows = eval_rows[: run.eval.limit]
         total = run.train_dataset.total_steps or run.train_dataset.total_epochs * math.ceil(len(rows) / algo.batch_size)
         run_dir = self._run_dir()
-        policy = Policy(self.mc, max_batch=opts.max_batch, window_s=opts.window_s, lora=True)
+        policy = Policy(
+            self.mc,
+            max_batch=opts.max_batch,
+            window_s=opts.window_s,
+            lora=True,
+            fast_decode=opts.fast_decode,
+            kv_cache_mb=opts.kv_cache_mb,
+        )
         trainer = Trainer(
             policy.model,
             algo,

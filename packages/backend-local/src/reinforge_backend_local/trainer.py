@@ -87,7 +87,7 @@ def _micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
 class Trainer:
     """Owns the optimizer; ``step`` runs ``ppo_epochs`` passes over one batch of samples."""
 
-    def __init__(self, model: Any, algo: Any, *, temperature: float, pad_id: int, micro_batch: int = 16, peft: bool):
+    def __init__(self, model: Any, algo: Any, *, temperature: float, pad_id: int, micro_batch: int = 8, peft: bool):
         self.model = model
         self.algo = algo
         self.temperature = temperature if temperature > 0 else 1.0
