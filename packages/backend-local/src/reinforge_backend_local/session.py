@@ -19,7 +19,7 @@ from reinforge.errors import ConfigError
 from reinforge.evaluation import accuracy_of, check_accuracy_key
 from reinforge.models import RecordingChatModel
 
-from . import checkpoint
+from . import checkpoint, packing
 from .endpoint import PolicyEndpoint
 from .engine import Engine, MicroBatcher
 from .metrics_log import MetricsLog
@@ -45,6 +45,7 @@ class Policy:
         lora: bool,
         fast_decode: bool = True,
         kv_cache_mb: float = 1024,
+        prepacked_weights: bool = True,
     ):
         self.config = mc
         model, tokenizer, self.folder = load_policy(mc.model_path, dtype=mc.dtype)
@@ -56,6 +57,10 @@ class Policy:
         self.model = model
         self.tokenizer = tokenizer
         self.name = mc.model_path or DEFAULT_MODEL
+        packer = None
+        if prepacked_weights and packing.available():
+            packer = packing.Packer()
+            packing.install(model, packer)  # frozen layers train on the packed weights too
         self.engine = Engine(
             model,
             tokenizer,
@@ -63,6 +68,8 @@ class Policy:
             max_batch=max_batch,
             fast=fast_decode,
             kv_cache_mb=kv_cache_mb,
+            prepack=prepacked_weights,
+            packer=packer,
         )
         self.batcher = MicroBatcher(self.engine, window_s=window_s)
         self.template = ChatTemplate(tokenizer, mc.max_model_len)
@@ -205,6 +212,7 @@ class TrainingSession:
             lora=True,
             fast_decode=opts.fast_decode,
             kv_cache_mb=opts.kv_cache_mb,
+            prepacked_weights=opts.prepacked_weights,
         )
         trainer = Trainer(
             policy.model,
