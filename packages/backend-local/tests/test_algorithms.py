@@ -67,3 +67,20 @@ def test_multi_step_grpo_gives_every_call_its_runs_advantage():
     assert advs[:3] == [pytest.approx(1.0, rel=1e-5)] * 3 and advs[3:] == [pytest.approx(-1.0, rel=1e-5)] * 2
     assert [s.weight for s in samples.items] == [pytest.approx(1 / 3)] * 3 + [0.5, 0.5]
     assert [s.prompt_ids[-1] for s in samples.items] == [0, 1, 2, 0, 1]
+
+
+def test_micro_batches_are_capped_by_sequences_and_by_padded_tokens():
+    from reinforge_backend_local.trainer import Sample, _micro_batches
+
+    def sample(n):
+        return Sample([1] * (n - 1), [2], [0.0], 1.0)
+
+    short = [sample(50) for _ in range(10)]
+    long = [sample(400) for _ in range(5)]
+    batches = _micro_batches(long + short, 8, 1024)
+    widths = [[len(s.prompt_ids) + len(s.completion_ids) for s in b] for b in batches]
+    assert widths == [[50] * 8, [50] * 2, [400] * 2, [400] * 2, [400]]
+    assert all(len(b) * max(w) <= 1024 for b, w in zip(batches, widths))
+    # a sequence over the budget still goes (alone); no budget: sequences only
+    assert [len(b) for b in _micro_batches([sample(2000), sample(3000)], 8, 1024)] == [1, 1]
+    assert [len(b) for b in _micro_batches(long + short, 8, None)] == [8, 7]

@@ -220,6 +220,7 @@ class TrainingSession:
             temperature=self.mc.temperature,
             pad_id=policy.engine.pad_id,
             micro_batch=opts.micro_batch,
+            micro_batch_tokens=opts.micro_batch_tokens,
             peft=policy.peft,
         )
         if not policy.peft and algo.kl_coef > 0:

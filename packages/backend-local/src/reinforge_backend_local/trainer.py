@@ -78,21 +78,47 @@ def build_samples(result: BatchResult, algo: Any) -> Samples:
     return out
 
 
-def _micro_batches(samples: list[Sample], size: int) -> list[list[Sample]]:
-    """Similar lengths together, so little compute is spent on padding."""
+def _micro_batches(samples: list[Sample], size: int, max_tokens: int | None = None) -> list[list[Sample]]:
+    """Similar lengths together (little padding); at most ``size`` sequences and ``max_tokens`` padded tokens.
+
+    Activation memory grows with the padded tokens of a micro-batch, so long
+    multi-turn samples go a few at a time while short ones still fill ``size``.
+    A single sequence longer than ``max_tokens`` goes alone.
+    """
     order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-    return [order[i : i + size] for i in range(0, len(order), size)]
+    batches: list[list[Sample]] = []
+    current: list[Sample] = []
+    for s in order:
+        width = len(s.prompt_ids) + len(s.completion_ids)  # the longest so far: sorted ascending
+        if current and (len(current) >= size or (max_tokens and (len(current) + 1) * width > max_tokens)):
+            batches.append(current)
+            current = []
+        current.append(s)
+    if current:
+        batches.append(current)
+    return batches
 
 
 class Trainer:
     """Owns the optimizer; ``step`` runs ``ppo_epochs`` passes over one batch of samples."""
 
-    def __init__(self, model: Any, algo: Any, *, temperature: float, pad_id: int, micro_batch: int = 8, peft: bool):
+    def __init__(
+        self,
+        model: Any,
+        algo: Any,
+        *,
+        temperature: float,
+        pad_id: int,
+        micro_batch: int = 8,
+        micro_batch_tokens: int | None = 1024,
+        peft: bool,
+    ):
         self.model = model
         self.algo = algo
         self.temperature = temperature if temperature > 0 else 1.0
         self.pad_id = pad_id
         self.micro_batch = micro_batch
+        self.micro_batch_tokens = micro_batch_tokens
         self.peft = peft
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
@@ -180,6 +206,9 @@ class Trainer:
             stats["clip_frac"] = float((((ratio - 1).abs() > bound) * cmask).sum())
         return loss, stats
 
+    def _split(self, items: list[Sample]) -> list[list[Sample]]:
+        return _micro_batches(items, self.micro_batch, self.micro_batch_tokens)
+
     @staticmethod
     def _totals(items: list[Sample]) -> tuple[float, float]:
         return sum(s.weight * len(s.completion_ids) for s in items), sum(s.weight for s in items)
@@ -188,7 +217,7 @@ class Trainer:
         """The loss of a batch under the current weights, without updating them."""
         totals = self._totals(samples.items)
         with torch.no_grad():
-            return sum(float(self._batch_loss(b, *totals)[0]) for b in _micro_batches(samples.items, self.micro_batch))
+            return sum(float(self._batch_loss(b, *totals)[0]) for b in self._split(samples.items))
 
     def step(self, samples: Samples) -> dict[str, float]:
         algo = self.algo
@@ -213,7 +242,7 @@ class Trainer:
         try:
             for _epoch in range(epochs):
                 self.optimizer.zero_grad(set_to_none=True)
-                for batch in _micro_batches(items, self.micro_batch):
+                for batch in self._split(items):
                     tf = time.perf_counter()
                     loss, stats = self._batch_loss(batch, *totals)
                     loss.backward()
