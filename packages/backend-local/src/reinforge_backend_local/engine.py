@@ -9,7 +9,9 @@ are dropped from the batch, so a short answer does not pay for a long one.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import inspect
 import threading
 import time
@@ -105,7 +107,7 @@ class Engine:
         if self.slow_reason is None:
             self.decoder = LlamaDecoder(model, (packer or Packer()) if prepack else None)
         self.stats = EngineStats()
-        self.lock = threading.Lock()  # one generation at a time; training takes it too
+        self.lock = threading.Lock()  # one generation at a time (training runs between rollout phases)
 
     def _session(self) -> Any:
         return self.decoder.session() if self.decoder is not None else _HFSession(self)
@@ -275,6 +277,12 @@ class _HFSession:
         return out.logits[:, -1, :].float().cpu()
 
 
+@functools.cache
+def _decode_thread() -> concurrent.futures.ThreadPoolExecutor:
+    """Every decode runs on this one thread: its tensors come from one malloc arena, not one per pool thread."""
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reinforge-decode")
+
+
 class MicroBatcher:
     """Collects concurrent requests and runs them as one ``Engine.generate`` call.
 
@@ -344,7 +352,8 @@ class MicroBatcher:
             if self._pending:
                 self._wake.set()
             try:
-                results = await asyncio.to_thread(self._generate, [r for r, _ in batch])
+                loop = asyncio.get_running_loop()
+                results = await loop.run_in_executor(_decode_thread(), self._generate, [r for r, _ in batch])
             except BaseException as exc:  # noqa: BLE001 - hand the failure to every waiter
                 for _, fut in batch:
                     if not fut.done():

@@ -22,6 +22,7 @@ from reinforge.models import RecordingChatModel
 from . import checkpoint, packing
 from .endpoint import PolicyEndpoint
 from .engine import Engine, MicroBatcher
+from .memory import limit_malloc_arenas
 from .metrics_log import MetricsLog
 from .modeling import DEFAULT_MODEL, load_policy
 from .policy import ChatTemplate, PolicyChatModel
@@ -48,6 +49,7 @@ class Policy:
         prepacked_weights: bool = True,
     ):
         self.config = mc
+        limit_malloc_arenas()  # decode threads and the training thread share freed memory
         model, tokenizer, self.folder = load_policy(mc.model_path, dtype=mc.dtype)
         self.peft = lora and not mc.full_finetune
         if self.peft:
