@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .packing import Packer
+from .packing import Packer, packed_linear
 
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2"}
 MIN_SHARED_PREFIX = 4  # below this a separate prefix pass costs more than it saves
@@ -66,7 +66,7 @@ class _Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            y = torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, self.bias, "none", [], "")
+            y = packed_linear(x, self.packed, self.bias)
         else:
             y = F.linear(x, self.weight, self.bias)
         for a, b, scale in self.lora:
@@ -108,10 +108,6 @@ class KVCache:
         self.k = torch.empty(shape, dtype=dtype)
         self.v = torch.empty(shape, dtype=dtype)
 
-    @property
-    def rows(self) -> int:
-        return self.k.shape[1]
-
     def keep(self, rows: list[int], used: int) -> None:
         """Keep ``rows`` (ascending), in place: each moves down over a dropped one; only ``used`` slots are copied."""
         for j, r in enumerate(rows):
@@ -119,10 +115,6 @@ class KVCache:
                 self.k[:, j, :, :used] = self.k[:, r, :, :used]
                 self.v[:, j, :, :used] = self.v[:, r, :, :used]
         self.k, self.v = self.k[:, : len(rows)], self.v[:, : len(rows)]
-
-    @staticmethod
-    def nbytes(layers: int, rows: int, kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * layers * rows * kv_heads * slots * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 class LlamaDecoder:

@@ -106,6 +106,7 @@ class Engine:
             self.slow_reason = f"device {self.device.type}"
         if self.slow_reason is None:
             self.decoder = LlamaDecoder(model, (packer or Packer()) if prepack else None)
+        self.kv_bytes_per_token = _kv_bytes_per_token(model)
         self.stats = EngineStats()
         self.lock = threading.Lock()  # one generation at a time (training runs between rollout phases)
 
@@ -114,12 +115,9 @@ class Engine:
 
     def _parts(self, requests: list[GenRequest]) -> list[list[GenRequest]]:
         """Consecutive slices whose KV cache fits ``kv_cache_mb`` (a single request always goes)."""
-        cfg = getattr(getattr(self.model, "get_base_model", lambda: self.model)(), "config", None)
-        if cfg is None or not self.kv_cache_mb:
+        per_slot = self.kv_bytes_per_token
+        if per_slot is None or not self.kv_cache_mb:
             return [requests]
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        per_slot = 2 * cfg.num_hidden_layers * heads * head_dim * 4
         budget = self.kv_cache_mb * 2**20
         parts: list[list[GenRequest]] = []
         part: list[GenRequest] = []
@@ -168,21 +166,16 @@ class Engine:
         logprobs: list[list[float]] = [[] for _ in range(n)]
         finish = ["length"] * n
         eos = set(self.eos_ids)
-        rows = list(range(n))  # the request decoded in each row of the session
-        live = [j for j in rows if budgets[j] > 0]  # rows still generating
+        rows = [i for i in range(n) if budgets[i] > 0]  # the request decoded in each row of the session
+        if rows and len(rows) != n:
+            session.keep(rows)
+            logits = logits.index_select(0, torch.tensor(rows))
         step = 0
-        while live:
-            act = torch.tensor([rows[j] for j in live])
-            tok, lp = sample(
-                logits.index_select(0, torch.tensor(live)) if len(live) != len(rows) else logits,
-                uniforms.index_select(0, act)[:, step],
-                temps[act],
-                top_ps[act],
-            )
-            tok_l, lp_l = tok.tolist(), lp.tolist()
-            still: list[int] = []
-            for j, t, p in zip(live, tok_l, lp_l):
-                i = rows[j]
+        while rows:
+            act = torch.tensor(rows)
+            tok, lp = sample(logits, uniforms.index_select(0, act)[:, step], temps[act], top_ps[act])
+            still: list[int] = []  # positions in ``rows`` that go on
+            for j, (i, t, p) in enumerate(zip(rows, tok.tolist(), lp.tolist())):
                 tokens[i].append(t)
                 logprobs[i].append(p)
                 if t in eos:
@@ -199,15 +192,11 @@ class Engine:
             step += 1
             if not still:
                 break
-            feed = torch.full((len(rows),), self.pad_id, dtype=torch.long)
-            feed[torch.tensor(live)] = tok
             if len(still) != len(rows):  # finished rows leave the batch
                 session.keep(still)
-                feed = feed.index_select(0, torch.tensor(still))
+                tok = tok.index_select(0, torch.tensor(still))
                 rows = [rows[j] for j in still]
-                still = list(range(len(rows)))
-            live = still
-            logits = session.step(feed)
+            logits = session.step(tok)
         results = []
         for i, r in enumerate(requests):
             text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
@@ -218,6 +207,19 @@ class Engine:
             results.append(GenResult(tokens[i], logprobs[i], finish[i], text))
         self.stats.completion_tokens += sum(len(t) for t in tokens)
         return results
+
+
+def _kv_bytes_per_token(model: Any) -> int | None:
+    """Keys and values of one token, all layers, in the model's dtype (``None``: not a known config)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(base, "config", None)
+    try:
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        layers = cfg.num_hidden_layers
+    except AttributeError:
+        return None
+    return 2 * layers * heads * head_dim * next(model.parameters()).element_size()
 
 
 class _HFSession:

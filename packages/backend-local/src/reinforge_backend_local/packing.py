@@ -62,13 +62,18 @@ class Packer:
         return packed
 
 
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x Wᵀ + b`` for a weight packed by :class:`Packer`."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+
 class _FrozenLinear(torch.autograd.Function):
     """``y = x Wᵀ + b`` with a prepacked W that gets no gradient; only ``x`` does."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Any, packed: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(weight)
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+        return packed_linear(x, packed, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
