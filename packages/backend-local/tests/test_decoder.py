@@ -116,7 +116,7 @@ def test_engine_fast_and_hf_paths_sample_the_same_completions(policy):
     model, tok = policy
     prompts = [_prompt(tok, q) for q in ("What is 7 + 5?", "What is 30 + 12?")]
     requests = [GenRequest(p, 8, temperature=1.0, seed_key=(3, i)) for i, p in enumerate(prompts) for _ in range(2)]
-    fast = Engine(model, tok, max_model_len=512)
+    fast = Engine(model, tok, max_model_len=512, packer=Packer())
     slow = Engine(model, tok, max_model_len=512, fast=False)
     assert fast.decoder is not None and slow.decoder is None
     a, b = fast.generate(requests), slow.generate(requests)

@@ -70,8 +70,8 @@ class Engine:
     prefixes prefilled once, a preallocated cache); others, or
     ``fast=False``, on Hugging Face's forward with a dynamic cache. A batch
     whose cache would pass ``kv_cache_mb`` is decoded in several parts.
-    With ``prepack`` the decoder uses oneDNN-prepacked weights, from ``packer``
-    when given (shared with training) or its own.
+    Given a :class:`~.packing.Packer` (shared with training), the decoder uses
+    oneDNN-prepacked weights.
     """
 
     def __init__(
@@ -83,11 +83,9 @@ class Engine:
         max_batch: int = 64,
         fast: bool = True,
         kv_cache_mb: float = 1024,
-        prepack: bool = True,
         packer: Any = None,
     ):
         from .decoder import LlamaDecoder, unsupported_reason
-        from .packing import Packer
 
         self.model = model
         self.tokenizer = tokenizer
@@ -105,7 +103,7 @@ class Engine:
         if self.slow_reason is None and self.device.type != "cpu":
             self.slow_reason = f"device {self.device.type}"
         if self.slow_reason is None:
-            self.decoder = LlamaDecoder(model, (packer or Packer()) if prepack else None)
+            self.decoder = LlamaDecoder(model, packer)
         self.kv_bytes_per_token = _kv_bytes_per_token(model)
         self.stats = EngineStats()
         self.lock = threading.Lock()  # one generation at a time (training runs between rollout phases)

@@ -59,9 +59,8 @@ class Policy:
         self.model = model
         self.tokenizer = tokenizer
         self.name = mc.model_path or DEFAULT_MODEL
-        packer = None
-        if prepacked_weights and packing.available():
-            packer = packing.Packer()
+        packer = packing.Packer() if prepacked_weights and packing.available() else None
+        if packer is not None:
             packing.install(model, packer)  # frozen layers train on the packed weights too
         self.engine = Engine(
             model,
@@ -70,7 +69,6 @@ class Policy:
             max_batch=max_batch,
             fast=fast_decode,
             kv_cache_mb=kv_cache_mb,
-            prepack=prepacked_weights,
             packer=packer,
         )
         self.batcher = MicroBatcher(self.engine, window_s=window_s)
