@@ -11,6 +11,7 @@ import pytest
 
 from reinforge.cli import main
 from reinforge.testing.openai_server import OpenAIServer
+from reinforge_rollouts_react import __version__
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "react-calculator"
 needs_example = pytest.mark.skipif(not EXAMPLE.is_dir(), reason="runs inside the monorepo only")
@@ -108,7 +109,7 @@ def test_try_workflow_react_prints_the_transcript(tmp_path, capsys):
 def test_plugins_lists_the_react_workflow(capsys):
     assert main(["plugins"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"reinforge-rollouts-react 0\.1\.0\n  workflows: react", out)
+    assert re.search(rf"reinforge-rollouts-react {re.escape(__version__)}\n  workflows: react", out)
 
 
 @needs_example
