@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from reinforge.config import (
     to_dict,
 )
 from reinforge.errors import ConfigError, ResolveError, SignatureError
+from reinforge.plugin import Backend, Settings, at_least
 
 ROWS = [{"question": "What is 2 + 2?", "answer": "4"}, {"question": "What is 4 + 4?", "answer": "8"}]
 TEST_ROWS = [{"question": "What is 1 + 1?", "answer": "2"}]
@@ -218,8 +220,6 @@ def test_defaults_and_alias() -> None:
     [
         (lambda: AlgorithmConfig(group_size=0), "group_size"),
         (lambda: AlgorithmConfig(learning_rate=0), "learning_rate"),
-        (lambda: AlgorithmConfig(scale_rewards="std"), "scale_rewards"),
-        (lambda: AlgorithmConfig(loss_agg_mode="sum"), "loss_agg_mode"),
         (lambda: AlgorithmConfig(group_size=True), "group_size"),
         (lambda: ModelConfig(model_path="m", top_p=1.5), "top_p"),
         (lambda: ModelConfig(model_path="m", max_tokens=8192, max_model_len=4096), "max_tokens"),
@@ -236,14 +236,33 @@ def test_python_construction_checks_name_the_field(make, key: str) -> None:
         make()
 
 
-def test_unknown_algorithm_suggests_closest() -> None:
+@dataclass
+class _ClipSettings(Settings):
+    clip_range: float = 0.2
+
+    def check(self) -> None:
+        at_least("clip_range", self.clip_range, 0.0, strict=True)
+
+
+class _ToyBackend(Backend):
+    name = "toy"
+    algorithms = {"grpo": _ClipSettings, "sft": None}
+    algorithm_aliases = {"group_relative": "grpo"}
+
+
+def test_core_keeps_no_algorithm_list_the_backend_checks_names_and_keys() -> None:
+    algo = AlgorithmConfig(algorithm_type="my_algo", clip_range=0.1)  # core accepts any name and keeps the keys
+    assert algo.options == {"clip_range": 0.1} and algo.clip_range == 0.1
+    backend = _ToyBackend()
     with pytest.raises(ConfigError) as info:
-        AlgorithmConfig(algorithm_type="gpro")
-    assert "algorithm_type" in str(info.value) and "'grpo'" in str(info.value)
-
-
-def test_reinforce_plus_plus_alias() -> None:
-    assert AlgorithmConfig(algorithm_type="reinforce++").algorithm_type == "reinforce_pp"
+        backend.check_algorithm(AlgorithmConfig(algorithm_type="gpro"), where="run.yaml")
+    assert "algorithm_type" in str(info.value) and "'grpo'" in str(info.value) and "grpo, sft" in str(info.value)
+    assert backend.algorithm_name(AlgorithmConfig(algorithm_type="group_relative"), where="x") == "grpo"
+    assert backend.check_algorithm(AlgorithmConfig(clip_range=0.5), where="x").clip_range == 0.5
+    with pytest.raises(ConfigError, match=r"^run\.yaml: algorithm\.clip_range: expected a number, got str"):
+        backend.check_algorithm(AlgorithmConfig(clip_range="wide"), where="run.yaml")
+    with pytest.raises(ConfigError, match=r"unknown key 'algorithm\.clip_range'"):
+        backend.check_algorithm(AlgorithmConfig(algorithm_type="sft", clip_range=0.5), where="run.yaml")
 
 
 def test_run_config_accepts_shorthand_in_python() -> None:
@@ -255,7 +274,7 @@ def test_run_config_accepts_shorthand_in_python() -> None:
     assert [j.ref for j in run.judges] == [my_judge]
     assert run.algorithm.group_size == 4
     with pytest.raises(ConfigError, match=r"unknown key 'algorithm\.grop_size' \(did you mean 'group_size'\?\)"):
-        RunConfig(workflow="pkg:wf", algorithm={"grop_size": 4})
+        _ToyBackend().check_algorithm(RunConfig(workflow="pkg:wf", algorithm={"grop_size": 4}).algorithm, where="r")
 
 
 def test_metric_names() -> None:
@@ -343,8 +362,8 @@ def test_build_run_merges_options_and_names_the_caller() -> None:
 
 def test_from_dict_unknown_key_with_suggestion() -> None:
     with pytest.raises(ConfigError) as info:
-        from_dict(RunConfig, {"workflow": "m:w", "algorithm": {"grop_size": 8}})
-    assert str(info.value) == "run.yaml: unknown key 'algorithm.grop_size' (did you mean 'group_size'?)"
+        from_dict(RunConfig, {"workflow": "m:w", "model": {"model_path": "m", "max_tokns": 8}})
+    assert str(info.value) == "run.yaml: unknown key 'model.max_tokns' (did you mean 'max_tokens'?)"
 
 
 def test_from_dict_top_level_unknown_key() -> None:
@@ -485,10 +504,10 @@ def test_load_run_unknown_split_names_file(tmp_path: Path, dataset_dir: Path) ->
 
 
 def test_load_run_unknown_key_names_file(tmp_path: Path) -> None:
-    path = write_run(tmp_path, "workflow: m:w\nalgorithm:\n  grop_size: 8\n")
+    path = write_run(tmp_path, "workflow: m:w\nrunner:\n  max_retrys: 8\n")
     with pytest.raises(ConfigError) as info:
         load_run(path)
-    assert str(info.value) == f"{path}: unknown key 'algorithm.grop_size' (did you mean 'group_size'?)"
+    assert str(info.value) == f"{path}: unknown key 'runner.max_retrys' (did you mean 'max_retries'?)"
 
 
 def test_load_run_wrong_type_names_file(tmp_path: Path) -> None:

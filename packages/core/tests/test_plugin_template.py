@@ -147,7 +147,14 @@ def test_load_plugins_list_selects_the_template(installed):
 
 def test_same_judge_name_from_two_distributions_is_an_error_naming_both(installed):
     env = _env(installed["site"], installed["site2"])
-    proc = _reinforge(["plugins"], env, cwd=installed["root"], check=False)
+    # the command one uses to diagnose it still works, and shows the collision ...
+    listing = _reinforge(["plugins"], env, cwd=installed["root"], check=False)
+    assert listing.returncode == 0, f"exit {listing.returncode}\nstdout:\n{listing.stdout}\nstderr:\n{listing.stderr}"
+    assert f"conflict: judges {JUDGE!r} also registered by {DIST2}" in listing.stdout, listing.stdout
+    # ... and using the name is an error naming both distributions
+    args = ["try", "judge", JUDGE, "--input", str(installed["root"] / "judge_input.json")]
+    (installed["root"] / "judge_input.json").write_text('{"task": {"question": "q"}, "response": "please"}')
+    proc = _reinforge(args, env, cwd=installed["root"], check=False)
     assert proc.returncode == 1, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert re.search(r"reinforge-judge-example(?!2)", proc.stderr), proc.stderr
     assert DIST2 in proc.stderr, proc.stderr

@@ -25,16 +25,19 @@ def test_same_name_twice_names_both_owners():
     pm = get_plugin_manager(load_entrypoints=False)
     pm.register(plugin_registering("dup"), name="pkg-one")
     pm.register(plugin_registering("dup"), name="pkg-two")
-    with pytest.raises(PluginError) as err:
-        build_registry(pm)
+    registry = build_registry(pm)  # a collision does not take the other plugins down ...
+    with pytest.raises(PluginError) as err:  # ... but using the name is an error naming both
+        registry.get("judges", "dup")
     assert "'dup'" in str(err.value) and "pkg-one" in str(err.value) and "pkg-two" in str(err.value)
+    rows = {r["name"]: r for r in describe_plugins(pm)}
+    assert rows["pkg-one"]["conflicts"] == ["judges 'dup' also registered by pkg-two"]
 
 
 def test_a_plugin_cannot_shadow_a_builtin():
     pm = get_plugin_manager(load_entrypoints=False)
     pm.register(plugin_registering("exact_match"), name="sneaky")
     with pytest.raises(PluginError, match="'reinforge'.*'sneaky'"):
-        build_registry(pm)
+        build_registry(pm).get("judges", "exact_match")
 
 
 def test_env_var_empty_loads_no_entry_points_and_unknown_names_error():

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from reinforge.components import build_component as resolve_component
 from reinforge.config import ComponentSpec, load_run
 from reinforge.errors import ResolveError, SignatureError
 from reinforge.plugins import Component, Registry
-from reinforge.refs import resolve, resolve_component
+from reinforge.refs import resolve
 
 
 def write_module(directory: Path, source: str) -> str:

@@ -3,8 +3,9 @@ import asyncio
 import pytest
 
 from reinforge import JudgeOutput, TaskStatus
-from reinforge.config import ScoreConfig
-from reinforge.errors import ConfigError, RewardError
+from reinforge.components import build_component
+from reinforge.config import ComponentSpec, ScoreConfig
+from reinforge.errors import ConfigError, RewardError, SignatureError
 from reinforge.rewards import (
     JudgeSlot,
     RewardComposer,
@@ -12,11 +13,10 @@ from reinforge.rewards import (
     reward_func,
     sub_reward_func,
 )
-from reinforge.signatures import bind
 
 
 def slot(name, fn, **kw):
-    return JudgeSlot(name=name, fn=bind(fn, "judge"), **kw)
+    return JudgeSlot(name=name, fn=build_component(ComponentSpec(ref=fn), "judge"), **kw)
 
 
 def score(composer, response="42", task=None, **kw):
@@ -104,6 +104,34 @@ def test_reward_func_class_combines_sub_dimensions():
     assert s.rewards["reward/safety/toxicity"] == 0.0
     assert s.rewards["reward/safety/refusal"] == 0.5
     assert s.rewards["reward/safety/refusal/len"] == len("I cannot hack")
+
+
+@reward_func("strictness")
+class Strict:
+    """A class judge with settings: the run file's args are its constructor's keywords."""
+
+    def __init__(self, limit: int = 10):
+        self.limit = limit
+        self.closed = False
+
+    @sub_reward_func("short")
+    def short(self, task, response):
+        return float(len(response) <= self.limit)
+
+    def close(self):
+        self.closed = True
+
+
+def test_reward_func_class_takes_args_and_its_name_is_the_metric_name():
+    bound = build_component(ComponentSpec(ref=Strict, args={"limit": 2}), "judge")
+    assert bound.metric_name == "strictness"  # not "Strict", not "module:Strict"
+    c = RewardComposer([JudgeSlot(name=bound.metric_name, fn=bound)])
+    assert score(c, response="42").reward == 1.0 and score(c, response="420").reward == 0.0
+    instance = bound.func.instance
+    bound.close()
+    assert instance.closed  # built for the run, closed at its end
+    with pytest.raises(SignatureError, match="limt"):
+        build_component(ComponentSpec(ref=Strict, args={"limt": 2}), "judge")
 
 
 def test_aggregate_func_in_both_styles():

@@ -4,6 +4,7 @@ import pytest
 
 from reinforge import AlgorithmConfig, DatasetConfig, JudgeOutput, TunerModelConfig, WorkflowOutput, hookimpl, tune
 from reinforge.errors import ConfigError
+from reinforge.plugin import Backend
 from reinforge.plugins import get_plugin_manager
 from reinforge.testing import HookRecorder, ScriptedChatModel
 
@@ -17,16 +18,18 @@ async def judge(task, response, auxiliary_models=None):
     return JudgeOutput(reward=float(task["answer"] in response.get_text_content()))
 
 
-class OneStepBackend:
-    """The smallest backend: one batch through the shared runner, then the step hook."""
+class OneStepBackend(Backend):
+    """The smallest backend: one batch through the shared runner, reported through the lifecycle."""
+
+    algorithms = {"grpo": None}
 
     def run(self, job):
         model = ScriptedChatModel(lambda messages, tools, sampling: "4" if "2 + 2" in messages[-1]["content"] else "?")
         rows = job.run.train_dataset.rows()[: job.run.algorithm.batch_size]
-        result = job.make_runner(model=model).run(rows)
-        job.hook.on_step_end(step=1, metrics=result.metrics)
-        job.hook.on_run_end(summary={"steps": 1})
-        return result
+        with job.running() as run:
+            result = job.make_runner(model=model).run(rows)
+            run.step_end(result.metrics, step=1)
+        return {"steps": 1, "batch": result}
 
     def dry_run(self, job):
         return {"backend": "one-step", "workflow": job.workflow.name, "judges": [j.name for j in job.composer.judges]}
@@ -63,12 +66,17 @@ def test_tune_with_agentscope_arguments_runs_on_the_backend(pm, dataset):
         backend="one-step",
         plugin_manager=pm,
     )
-    assert [len(g.kept) for g in result.groups] == [3, 3]
-    assert [t.reward for t in result.groups[0].kept] == [1.0, 1.0, 1.0]
-    assert [t.reward for t in result.groups[1].kept] == [0.0, 0.0, 0.0]
-    assert result.groups[0].kept[0].calls[0].sampling["max_tokens"] == 8  # model config reaches every call
+    batch = result["batch"]
+    assert result["status"] == "finished" and result["steps"] == 1
+    assert [len(g.kept) for g in batch.groups] == [3, 3]
+    assert [t.reward for t in batch.groups[0].kept] == [1.0, 1.0, 1.0]
+    assert [t.reward for t in batch.groups[1].kept] == [0.0, 0.0, 0.0]
+    assert batch.groups[0].kept[0].calls[0].sampling["max_tokens"] == 8  # model config reaches every call
     assert len(recorder.calls("on_trajectory")) == 6
-    assert recorder.getcall("on_step_end")["metrics"]["reward/mean"] == 0.5
+    step = recorder.getcall("on_step_end")
+    assert step["metrics"]["reward/mean"] == 0.5 and step["kind"] == "train" and step["step"] == 1
+    assert recorder.getcall("on_run_start")["run"] is step["run"]
+    assert recorder.getcall("on_run_end")["summary"] is result
 
 
 def test_tune_mixes_registered_names_and_weighted_judges(pm, dataset):

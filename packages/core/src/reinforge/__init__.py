@@ -36,6 +36,8 @@ _LAZY = {
     "evaluate": "reinforge.evaluation",
     "LiteLLMChatModel": "reinforge.litellm_model",
     "get_plugin_manager": "reinforge.plugins",
+    "ConfigurationError": "reinforge.errors",
+    "ReinforgeError": "reinforge.errors",
 }
 
 __all__ = [

@@ -50,20 +50,24 @@ def _parser(pm: Any = None) -> argparse.ArgumentParser:
     sp.add_argument("--model", dest="model_name", help="model name for 'try workflow'")
     sp.add_argument("--timeout", type=float, default=600.0)
 
-    from . import report
-
-    sp = sub.add_parser("report", help="plots of a training run, with reward-hacking warnings")
-    report.add_arguments(sp)
-    sp.set_defaults(run=report.run)
     p.set_defaults(run=None)
-    if pm is not None:
-        _add_plugin_commands(sub, pm)
+    commands = _add_plugin_commands(sub, pm) if pm is not None else set()
+    if "report" not in commands:  # reinforge-report registers it; say so instead of "invalid choice"
+        sp = sub.add_parser("report", help="plots of a training run (needs reinforge-report)")
+        sp.add_argument("rest", nargs=argparse.REMAINDER)
+        sp.set_defaults(run=_report_missing)
     return p
 
 
-def _add_plugin_commands(sub: Any, pm: Any) -> None:
-    """Subcommands from ``register_commands`` hooks, e.g. ``reinforge judge audit``."""
+def _report_missing(args: argparse.Namespace) -> int:
+    print("error: 'reinforge report' needs the reinforge-report package: pip install reinforge-report", file=sys.stderr)
+    return 1
+
+
+def _add_plugin_commands(sub: Any, pm: Any) -> set[str]:
+    """Subcommands from ``register_commands`` hooks, e.g. ``reinforge judge audit``; returns their names."""
     groups: dict[str, Any] = {}
+    added: set[str] = set()
 
     def register(name: str, run: Any, *, help: str = "", arguments: Any = None) -> None:  # noqa: A002
         words = name.split()
@@ -78,8 +82,10 @@ def _add_plugin_commands(sub: Any, pm: Any) -> None:
         if arguments is not None:
             arguments(parser)
         parser.set_defaults(run=run)
+        added.add(name)
 
     pm.hook.register_commands(register=register)
+    return added
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,10 +122,14 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     for row in rows:
-        print(f"{row['name']} {row['version'] or ''}".rstrip())
+        print(f"{row['name']} {row['version'] or ''}".rstrip() + (" [broken]" if row["broken"] else ""))
+        if row["broken"]:
+            print(f"  broken: {row['broken']}")
         for kind, names in sorted(row["registers"].items()):
             print(f"  {kind}: {', '.join(sorted(names))}")
-        if not row["registers"]:
+        for conflict in row["conflicts"]:
+            print(f"  conflict: {conflict}")
+        if not row["registers"] and not row["broken"]:
             print(f"  hooks: {', '.join(row['hooks']) or '-'}")
     return 0
 
@@ -135,8 +145,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     run = load_run(args.run_file)
     if args.resume:
         run.backend_args = {**run.backend_args, "resume": args.resume}
-    job = build_job(run)
-    result = run_job(job, backend=args.backend, dry_run=args.dry_run)
+    job = build_job(run, backend=args.backend, need_backend=True)
+    result = run_job(job, dry_run=args.dry_run)
     if args.dry_run:
         print(json.dumps(result, indent=2, default=str) if not isinstance(result, str) else result)
     return 0

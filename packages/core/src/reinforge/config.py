@@ -9,24 +9,21 @@ wrong type fails before any model loads, naming the key (and the file).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import json
-import math
 import os
 import re
-import types
 import typing
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar
 
 from .errors import ConfigError, require
+from .settings import FieldError, Settings, _convert, at_least, finite, load, one_of, settings_keys, suggest
 
 __all__ = [
-    "ALGORITHMS",
     "MODEL_INTERFACES",
     "AlgorithmConfig",
     "ComponentSpec",
@@ -46,212 +43,27 @@ __all__ = [
     "to_dict",
 ]
 
-ALGORITHMS = ("grpo", "multi_step_grpo", "rloo", "reinforce_pp", "gspo", "ppo")
 # What a workflow's ``model`` is: a reinforge ChatModel, or an AgentScope model (reinforge[agentscope]).
 # Unset: decided by the workflow's ``model`` annotation (see reinforge.agentscope_model).
 MODEL_INTERFACES = ("reinforge", "agentscope")
 _NOT_YAML = {"yaml": False}  # field metadata: set by the loader, never written in a run file
 
 
-# --------------------------------------------------------------------------- errors with a key path
-
-
-class _FieldError(ConfigError):
-    """A ConfigError that still knows which key it is about, so callers can prefix it."""
-
-    def __init__(self, path: str, detail: str, *, form: str = "value", owner: str | None = None) -> None:
-        self.path, self.detail, self.form, self.owner = path, detail, form, owner
-        super().__init__(self.render())
-
-    def render(self) -> str:
-        if self.form == "unknown":
-            return f"unknown key '{self.path}'{self.detail}"
-        if self.form == "missing":
-            return f"missing required key '{self.path}'"
-        return f"{self.path}: {self.detail}" if self.path else self.detail
-
-    def nested(self, prefix: str) -> _FieldError:
-        joiner = "" if not self.path or self.path.startswith("[") else "."
-        return _FieldError(f"{prefix}{joiner}{self.path}" if prefix else self.path, self.detail, form=self.form)
-
-    def __str__(self) -> str:
-        return f"{self.owner}: {self.render()}" if self.owner else self.render()
-
-
-def _suggest(word: str, options: typing.Iterable[str], n: int = 1) -> str:
-    matches = difflib.get_close_matches(word, list(options), n=n, cutoff=0.6)
-    return f" (did you mean {' or '.join(repr(m) for m in matches)}?)" if matches else ""
-
-
-def _choice(key: str, value: str, options: typing.Sequence[str]) -> None:
-    if value not in options:
-        raise _FieldError(key, f"must be one of {', '.join(options)}; got {value!r}{_suggest(value, options, n=2)}")
-
-
-def _at_least(key: str, value: float | None, low: float, *, strict: bool = False) -> None:
-    if value is None:
-        return
-    if (value <= low) if strict else (value < low):
-        raise _FieldError(key, f"must be {'greater than' if strict else 'at least'} {low}, got {value}")
-
-
-def _finite(key: str, value: float | None) -> None:
-    if value is not None and not math.isfinite(value):
-        raise _FieldError(key, f"must be a finite number, got {value}")
-
-
-# --------------------------------------------------------------------------- type conversion
-
-
-def _describe_type(tp: Any) -> str:
-    if tp is type(None):
-        return "null"
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        return " or ".join(_describe_type(a) for a in typing.get_args(tp))
-    if origin is list:
-        return "a list"
-    if origin is dict:
-        return "a mapping"
-    if origin is Callable or tp is Callable:
-        return "a callable"
-    if tp is ComponentSpec:
-        return "a function reference (a name, 'module:attr' or a mapping with ref:)"
-    if dataclasses.is_dataclass(tp):
-        return "a mapping"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, str(tp))
-
-
-def _describe_value(value: Any) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
-
-
-def _convert(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against the type hint ``tp``, building nested configs from mappings."""
-    if tp is Any:
-        return value
-    origin = typing.get_origin(tp)
-    if origin in (Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None:
-            if type(None) in options:
-                return None
-        else:
-            for option in options:
-                if option is type(None):
-                    continue
-                try:
-                    return _convert(value, option, key)
-                except _FieldError as exc:
-                    if exc.path != key or exc.form != "value" or not exc.detail.startswith("expected "):
-                        raise  # a nested problem inside a matching type: report it, not the union
-        raise _FieldError(key, f"expected {_describe_type(tp)}, got {_describe_value(value)}")
-    if origin is list:
-        if not isinstance(value, (list, tuple)):
-            raise _FieldError(key, f"expected a list, got {_describe_value(value)}")
-        (item,) = typing.get_args(tp) or (Any,)
-        return [_convert(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise _FieldError(key, f"expected a mapping, got {_describe_value(value)}")
-        _, item = typing.get_args(tp) or (str, Any)
-        out = {}
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise _FieldError(key, f"keys must be strings, got {_describe_value(k)}")
-            out[k] = _convert(v, item, f"{key}.{k}")
-        return out
-    if origin is Callable or tp is Callable:
-        if callable(value):
-            return value
-    elif dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        if tp is ComponentSpec and (isinstance(value, str) or callable(value)):
-            return ComponentSpec(ref=value)
-        if isinstance(value, dict):
-            try:
-                return _build(tp, value)
-            except _FieldError as exc:
-                raise exc.nested(key) from None
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif isinstance(value, tp):
-        return value
-    raise _FieldError(key, f"expected {_describe_type(tp)}, got {_describe_value(value)}")
-
-
-@functools.cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _yaml_fields(cls: type) -> dict[str, dataclasses.Field]:
-    return {f.name: f for f in dataclasses.fields(cls) if f.init and f.metadata.get("yaml", True)}
-
-
-def _build(cls: type, data: dict[str, Any]) -> Any:
-    """Build ``cls`` from a mapping; keys in errors are relative to ``cls``."""
-    data = cls._normalize(dict(data)) if hasattr(cls, "_normalize") else dict(data)
-    known = _yaml_fields(cls)
-    for key in data:
-        if not isinstance(key, str):
-            raise _FieldError("", f"keys must be strings, got {_describe_value(key)}")
-        if key not in known:
-            raise _FieldError(key, _suggest(key, known), form="unknown")
-    for name, f in known.items():
-        if name not in data and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise _FieldError(name, "", form="missing")
-    return cls(**data)
-
-
-class _Checked:
-    """Mixin: convert and check every field after ``__init__``, then run ``_validate``."""
-
-    def __post_init__(self) -> None:
-        try:
-            self._prepare()
-            hints = _hints(type(self))
-            for f in dataclasses.fields(self):
-                setattr(self, f.name, _convert(getattr(self, f.name), hints[f.name], f.name))
-            self._validate()
-        except _FieldError as exc:
-            exc.owner = type(self).__name__
-            raise
-
-    def _prepare(self) -> None:
-        """Hook: reshape shorthand inputs before type checks."""
-
-    def _validate(self) -> None:
-        """Hook: value checks that types cannot express."""
-
-
 def from_dict(cls: type, data: Any, *, where: str = "run.yaml", key_prefix: str = "") -> Any:
-    """Build the config dataclass ``cls`` from plain data (parsed YAML/JSON).
+    """Build the config dataclass ``cls`` from plain data (parsed YAML/JSON); see :func:`reinforge.settings.load`.
 
     Errors are :class:`ConfigError` starting with ``where`` and naming the
     dotted key, e.g. ``run.yaml: unknown key 'algorithm.grop_size' (did you
     mean 'group_size'?)``.
     """
-    if not isinstance(data, dict):
-        label = key_prefix or "the top level"
-        raise ConfigError(f"{where}: {label} must be a mapping, got {_describe_value(data)}")
-    try:
-        return _build(cls, data)
-    except _FieldError as exc:
-        raise ConfigError(f"{where}: {exc.nested(key_prefix).render()}") from None
+    return load(cls, data, where=where, prefix=key_prefix)
 
 
 def as_component(obj: Any, *, where: str = "") -> ComponentSpec:
     """A :class:`ComponentSpec` from a callable, a reference string, a mapping or a spec."""
     try:
         return _convert(obj, ComponentSpec, "")
-    except _FieldError as exc:
+    except FieldError as exc:
         raise ConfigError(f"{where}: {exc.render()}" if where else exc.render()) from None
 
 
@@ -276,10 +88,12 @@ def to_dict(obj: Any, *, redact: bool = True) -> Any:
     """
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         out = {}
-        for name in _yaml_fields(type(obj)):
+        for name in settings_keys(type(obj)):
             if redact and name == "api_key":
                 continue
             out[name] = to_dict(getattr(obj, name), redact=redact)
+        if getattr(type(obj), "_open_keys", False):  # a backend's keys sit beside the fields
+            out.update(to_dict(getattr(obj, "options", {}), redact=redact))
         return out
     if isinstance(obj, (list, tuple)):
         return [to_dict(v, redact=redact) for v in obj]
@@ -318,7 +132,7 @@ def _looks_local(path: str) -> bool:
 
 
 @dataclass
-class DatasetConfig(_Checked):
+class DatasetConfig(Settings):
     """One split of a Hugging Face ``datasets`` dataset: a local folder or file, or a Hub id.
 
     ``limit`` keeps the first rows, then ``shuffle`` reorders them with ``seed``.
@@ -333,14 +147,14 @@ class DatasetConfig(_Checked):
     shuffle: bool = False
     seed: int = 42
 
-    def _validate(self) -> None:
+    def check(self) -> None:
         if not self.path:
-            raise _FieldError("path", "must not be empty")
+            raise FieldError("path", "must not be empty")
         if not self.split:
-            raise _FieldError("split", "must not be empty")
-        _at_least("total_epochs", self.total_epochs, 1)
-        _at_least("total_steps", self.total_steps, 1)
-        _at_least("limit", self.limit, 1)
+            raise FieldError("split", "must not be empty")
+        at_least("total_epochs", self.total_epochs, 1)
+        at_least("total_steps", self.total_steps, 1)
+        at_least("limit", self.limit, 1)
         self._key, self._where = type(self).__name__, ""
 
     def _origin(self, key: str, where: str = "") -> None:
@@ -413,7 +227,7 @@ class DatasetConfig(_Checked):
         raise self._error(
             "split",
             f"{self.split!r} is not a split of {self.path!r}; available: {', '.join(available)}"
-            f"{_suggest(self.split, available)}",
+            f"{suggest(self.split, available)}",
         )
 
     def rows(self) -> list[dict[str, Any]]:
@@ -434,7 +248,7 @@ _DTYPES = ("float32", "float16", "bfloat16", "auto")
 
 
 @dataclass
-class ModelConfig(_Checked):
+class ModelConfig(Settings):
     """The trainable model (or an auxiliary one) and how it samples.
 
     Prefer ``api_key_env`` to ``api_key``: the key is read when needed and is
@@ -457,24 +271,24 @@ class ModelConfig(_Checked):
     dtype: str = "float32"
     seed: int | None = None
 
-    def _validate(self) -> None:
+    def check(self) -> None:
         if not self.model_path:
-            raise _FieldError("model_path", "must not be empty")
-        _at_least("max_model_len", self.max_model_len, 1)
-        _at_least("max_tokens", self.max_tokens, 1)
+            raise FieldError("model_path", "must not be empty")
+        at_least("max_model_len", self.max_model_len, 1)
+        at_least("max_tokens", self.max_tokens, 1)
         if self.max_tokens > self.max_model_len:
-            raise _FieldError("max_tokens", f"({self.max_tokens}) must not exceed max_model_len ({self.max_model_len})")
-        _at_least("temperature", self.temperature, 0.0)
-        _finite("temperature", self.temperature)
+            raise FieldError("max_tokens", f"({self.max_tokens}) must not exceed max_model_len ({self.max_model_len})")
+        at_least("temperature", self.temperature, 0.0)
+        finite("temperature", self.temperature)
         if not 0.0 < self.top_p <= 1.0:
-            raise _FieldError("top_p", f"must be in (0, 1], got {self.top_p}")
-        _at_least("lora_rank", self.lora_rank, 1)
-        _at_least("lora_alpha", self.lora_alpha, 1)
+            raise FieldError("top_p", f"must be in (0, 1], got {self.top_p}")
+        at_least("lora_rank", self.lora_rank, 1)
+        at_least("lora_alpha", self.lora_alpha, 1)
         if not 0.0 <= self.lora_dropout < 1.0:
-            raise _FieldError("lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
-        _choice("dtype", self.dtype, _DTYPES)
+            raise FieldError("lora_dropout", f"must be in [0, 1), got {self.lora_dropout}")
+        one_of("dtype", self.dtype, _DTYPES)
         if self.api_key is not None and self.api_key_env is not None:
-            raise _FieldError("api_key", "set api_key or api_key_env, not both")
+            raise FieldError("api_key", "set api_key or api_key_env, not both")
 
     def sampling(self) -> dict[str, Any]:
         """Sampling keyword arguments for ``ChatModel.chat``."""
@@ -493,48 +307,74 @@ class ModelConfig(_Checked):
 TunerModelConfig = ModelConfig
 
 
-@dataclass
-class AlgorithmConfig(_Checked):
-    """Which RL algorithm updates the policy, and its hyperparameters."""
+@dataclass(init=False)
+class AlgorithmConfig(Settings):
+    """Which RL algorithm updates the policy: the AgentScope-compatible fields, plus the backend's own keys.
+
+    Core checks the fields below. ``algorithm_type`` and every other key
+    (``kl_coef``, ``clip_range``, ... in a run file or as keyword arguments)
+    belong to the selected backend, which validates them against the settings
+    of that algorithm (:attr:`reinforge.plugin.Backend.algorithms`); they are
+    kept in :attr:`options` until then.
+    """
+
+    _open_keys: ClassVar[bool] = True  # keys other than the fields are the backend's (in `options`)
 
     algorithm_type: str = "grpo"
     learning_rate: float = 1e-6
     group_size: int = 8
     batch_size: int = 32
-    kl_coef: float = 0.0
-    clip_range: float = 0.2
-    clip_range_high: float | None = None
-    scale_rewards: str = "group"
-    loss_agg_mode: str = "token-mean"
-    ppo_epochs: int = 1
-    max_grad_norm: float = 1.0
+    total_steps: int | None = None
     save_interval_steps: int = 100
     eval_interval_steps: int = 0
     seed: int = 42
+    options: dict[str, Any] = field(default_factory=dict, metadata=_NOT_YAML)
 
-    def _prepare(self) -> None:
-        if self.algorithm_type in ("reinforce++", "reinforce_plus_plus"):
-            self.algorithm_type = "reinforce_pp"
+    def __init__(
+        self,
+        algorithm_type: str = "grpo",
+        learning_rate: float = 1e-6,
+        group_size: int = 8,
+        batch_size: int = 32,
+        total_steps: int | None = None,
+        save_interval_steps: int = 100,
+        eval_interval_steps: int = 0,
+        seed: int = 42,
+        options: dict[str, Any] | None = None,
+        **backend_keys: Any,
+    ) -> None:
+        self.algorithm_type = algorithm_type
+        self.learning_rate = learning_rate
+        self.group_size = group_size
+        self.batch_size = batch_size
+        self.total_steps = total_steps
+        self.save_interval_steps = save_interval_steps
+        self.eval_interval_steps = eval_interval_steps
+        self.seed = seed
+        self.options = {**(options or {}), **backend_keys}
+        self.__post_init__()
 
-    def _validate(self) -> None:
-        _choice("algorithm_type", self.algorithm_type, ALGORITHMS)
-        _at_least("learning_rate", self.learning_rate, 0.0, strict=True)
-        _finite("learning_rate", self.learning_rate)
-        _at_least("group_size", self.group_size, 1)
-        _at_least("batch_size", self.batch_size, 1)
-        _at_least("kl_coef", self.kl_coef, 0.0)
-        _at_least("clip_range", self.clip_range, 0.0, strict=True)
-        _at_least("clip_range_high", self.clip_range_high, 0.0, strict=True)
-        _choice("scale_rewards", self.scale_rewards, ("group", "batch", "none"))
-        _choice("loss_agg_mode", self.loss_agg_mode, ("token-mean", "sequence-mean"))
-        _at_least("ppo_epochs", self.ppo_epochs, 1)
-        _at_least("max_grad_norm", self.max_grad_norm, 0.0, strict=True)
-        _at_least("save_interval_steps", self.save_interval_steps, 0)
-        _at_least("eval_interval_steps", self.eval_interval_steps, 0)
+    def check(self) -> None:
+        if not self.algorithm_type:
+            raise FieldError("algorithm_type", "must not be empty")
+        at_least("learning_rate", self.learning_rate, 0.0, strict=True)
+        finite("learning_rate", self.learning_rate)
+        at_least("group_size", self.group_size, 1)
+        at_least("batch_size", self.batch_size, 1)
+        at_least("total_steps", self.total_steps, 1)
+        at_least("save_interval_steps", self.save_interval_steps, 0)
+        at_least("eval_interval_steps", self.eval_interval_steps, 0)
+
+    def __getattr__(self, name: str) -> Any:
+        # backend keys read as attributes (``algo.kl_coef``) once given; a missing one is an AttributeError
+        options = self.__dict__.get("options")
+        if options is not None and name in options:
+            return options[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
 
 @dataclass
-class RunnerConfig(_Checked):
+class RunnerConfig(Settings):
     """How rollouts run: concurrency, timeouts, retries, what to do with short groups."""
 
     max_concurrency: int = 32
@@ -544,19 +384,19 @@ class RunnerConfig(_Checked):
     drop_incomplete_groups: bool = False
     min_group_size: int = 2
 
-    def _validate(self) -> None:
-        _at_least("max_concurrency", self.max_concurrency, 1)
-        _at_least("rollout_timeout_s", self.rollout_timeout_s, 0.0, strict=True)
-        _at_least("judge_timeout_s", self.judge_timeout_s, 0.0, strict=True)
-        _at_least("max_retries", self.max_retries, 0)
-        _at_least("min_group_size", self.min_group_size, 1)
+    def check(self) -> None:
+        at_least("max_concurrency", self.max_concurrency, 1)
+        at_least("rollout_timeout_s", self.rollout_timeout_s, 0.0, strict=True)
+        at_least("judge_timeout_s", self.judge_timeout_s, 0.0, strict=True)
+        at_least("max_retries", self.max_retries, 0)
+        at_least("min_group_size", self.min_group_size, 1)
 
 
 # --------------------------------------------------------------------------- rewards and components
 
 
 @dataclass
-class ScoreConfig(_Checked):
+class ScoreConfig(Settings):
     """Explicit rewards for boundary cases; ``None`` means "judge it normally"."""
 
     empty: float | None = 0.0
@@ -566,14 +406,14 @@ class ScoreConfig(_Checked):
     timeout: float = 0.0
     gate_fail: float = 0.0
 
-    def _validate(self) -> None:
+    def check(self) -> None:
         for name in ("empty", "truncated", "oversized", "timeout", "gate_fail"):
-            _finite(name, getattr(self, name))
-        _at_least("max_response_chars", self.max_response_chars, 1)
+            finite(name, getattr(self, name))
+        at_least("max_response_chars", self.max_response_chars, 1)
 
 
 @dataclass
-class RewardConfig(_Checked):
+class RewardConfig(Settings):
     """How judge scores combine. Metrics are always reported under ``metric_prefix``."""
 
     metric_prefix: ClassVar[str] = "reward"
@@ -583,7 +423,7 @@ class RewardConfig(_Checked):
 
 
 @dataclass
-class ComponentSpec(_Checked):
+class ComponentSpec(Settings):
     """A reference to one workflow, judge or group reward, plus its settings.
 
     ``ref`` is a registered name, ``"module:attr"`` or the function itself.
@@ -599,6 +439,13 @@ class ComponentSpec(_Checked):
     metric_weights: dict[str, float] | None = None
     name: str | None = None
 
+    _type_description: ClassVar[str] = "a function reference (a name, 'module:attr' or a mapping with ref:)"
+
+    @classmethod
+    def _coerce(cls, value: Any) -> ComponentSpec | None:
+        """A bare reference (a name, ``module:attr`` or a callable) is a spec with no settings."""
+        return cls(ref=value) if isinstance(value, str) or callable(value) else None
+
     @classmethod
     def _normalize(cls, data: dict[str, Any]) -> dict[str, Any]:
         # the design brief's form: `{name: <function>, metric: <metric name>, weight, args}`
@@ -607,22 +454,22 @@ class ComponentSpec(_Checked):
             if "ref" not in data and "name" in data:
                 data["ref"] = data.pop("name")
             if "name" in data:
-                raise _FieldError("metric", "set name or metric (the metric name), not both")
+                raise FieldError("metric", "set name or metric (the metric name), not both")
             data["name"] = metric
         if "ref" not in data and isinstance(data.get("name"), str):
             data["ref"] = data["name"]
         return data
 
-    def _validate(self) -> None:
+    def check(self) -> None:
         if isinstance(self.ref, str) and not self.ref.strip():
-            raise _FieldError("ref", "must not be empty")
-        _finite("weight", self.weight)
+            raise FieldError("ref", "must not be empty")
+        finite("weight", self.weight)
         if self.kind is not None:
-            _choice("kind", self.kind, ("rule", "model"))
+            one_of("kind", self.kind, ("rule", "model"))
         for metric, w in (self.metric_weights or {}).items():
-            _finite(f"metric_weights.{metric}", w)
+            finite(f"metric_weights.{metric}", w)
         if self.name is not None and not self.name.strip():
-            raise _FieldError("name", "must not be empty")
+            raise FieldError("name", "must not be empty")
 
     @property
     def metric_name(self) -> str:
@@ -636,7 +483,7 @@ class ComponentSpec(_Checked):
 
 
 @dataclass
-class EvalConfig(_Checked):
+class EvalConfig(Settings):
     """Evaluation: which reward dimension counts as accuracy, and on what split."""
 
     accuracy_key: str = "reward"
@@ -645,16 +492,16 @@ class EvalConfig(_Checked):
     limit: int | None = None
     group_size: int = 1
 
-    def _validate(self) -> None:
-        _finite("threshold", self.threshold)
+    def check(self) -> None:
+        finite("threshold", self.threshold)
         if not self.split:
-            raise _FieldError("split", "must not be empty")
-        _at_least("limit", self.limit, 1)
-        _at_least("group_size", self.group_size, 1)
+            raise FieldError("split", "must not be empty")
+        at_least("limit", self.limit, 1)
+        at_least("group_size", self.group_size, 1)
 
 
 @dataclass(kw_only=True)
-class RunConfig(_Checked):
+class RunConfig(Settings):
     """A whole run, as written in ``run.yaml``; ``source`` and ``base_dir`` are set by :func:`load_run`."""
 
     project_name: str = "reinforge"
@@ -674,6 +521,8 @@ class RunConfig(_Checked):
     eval: EvalConfig = field(default_factory=EvalConfig)
     config_path: str | None = None
     model_interface: str | None = None
+    # settings of observer plugins' live checks (reinforge-report's reward-hacking sentinels); they check them
+    sentinels: dict[str, Any] = field(default_factory=dict)
     source: str | None = field(default=None, metadata=_NOT_YAML)
     base_dir: str | None = field(default=None, metadata=_NOT_YAML)
 
@@ -681,7 +530,7 @@ class RunConfig(_Checked):
     def _normalize(cls, data: dict[str, Any]) -> dict[str, Any]:
         if "judge" in data:
             if "judges" in data:
-                raise _FieldError("judge", "set either judge (one) or judges (a list), not both")
+                raise FieldError("judge", "set either judge (one) or judges (a list), not both")
             one = data.pop("judge")
             data["judges"] = one if isinstance(one, list) else [one]
         return data
@@ -692,26 +541,26 @@ class RunConfig(_Checked):
         elif isinstance(self.judges, (str, ComponentSpec)) or callable(self.judges):
             self.judges = [self.judges]  # one judge given directly in Python
 
-    def _validate(self) -> None:
+    def check(self) -> None:
         if self.model_interface is not None:
-            _choice("model_interface", self.model_interface, MODEL_INTERFACES)
+            one_of("model_interface", self.model_interface, MODEL_INTERFACES)
         seen: dict[str, int] = {}
         for i, spec in enumerate(self.judges):
             name = spec.metric_name
             if name in seen:
-                raise _FieldError(
+                raise FieldError(
                     f"judges[{i}]", f"metric name {name!r} is already used by judges[{seen[name]}]; set name:"
                 )
             seen[name] = i
         if self.reward.strict_weights:
             weighted = [s.weight for s in self.judges if not s.gate]
             if weighted and abs(sum(weighted) - 1.0) > 1e-6:
-                raise _FieldError(
+                raise FieldError(
                     "judges",
                     f"weights sum to {sum(weighted):g}, not 1 (reward.strict_weights is true; gates not counted)",
                 )
         if self.runner.min_group_size > self.algorithm.group_size:
-            raise _FieldError(
+            raise FieldError(
                 "runner.min_group_size",
                 f"({self.runner.min_group_size}) is larger than algorithm.group_size ({self.algorithm.group_size})",
             )
@@ -816,7 +665,8 @@ def load_run(path: str | os.PathLike[str], *, registry: Any = None) -> RunConfig
 
 
 def _check_refs(run: RunConfig, where: str, registry: Any) -> None:
-    from .refs import resolve_component
+    """Resolve every component and check its settings (types included); nothing is built."""
+    from .components import plan_component
 
     specs = [("workflow", "workflow", run.workflow)]
     specs += [(f"judges[{i}]", "judge", s) for i, s in enumerate(run.judges)]
@@ -824,7 +674,7 @@ def _check_refs(run: RunConfig, where: str, registry: Any) -> None:
         specs.append(("group_reward", "group_reward", run.group_reward))
     for key, role, spec in specs:
         if registry is not None or not isinstance(spec.ref, str) or ":" in spec.ref:
-            resolve_component(spec, role, registry, where=f"{where}: {key}", base_dir=run.base_dir)
+            plan_component(spec, role, registry, where=f"{where}: {key}", base_dir=run.base_dir)
 
 
 def dump_run(run: RunConfig, path: str | os.PathLike[str]) -> None:

@@ -37,7 +37,32 @@ class RunnerError(ReinforgeError, RuntimeError):
 
 
 class RewardError(ReinforgeError, ValueError):
-    """A judge or group reward returned something that breaks the contract."""
+    """A judge or group reward returned something that breaks the contract (a NaN, a reward out of range)."""
+
+
+class ConfigurationError(ReinforgeError):
+    """Raise it from a workflow, judge or group reward for a permanent error: not retried, the run stops.
+
+    For example a judge whose schema file does not parse: retrying cannot
+    help, and scoring on would train on nothing. Transient problems return
+    ``TaskStatus.FAILED`` (or raise any other exception) instead.
+    """
+
+
+class ComponentError(ConfigurationError):
+    """A component reported a permanent error (``TaskStatus.ERROR`` or :class:`ConfigurationError`)."""
+
+
+def attributed(exc: ReinforgeError, label: str) -> ReinforgeError:
+    """``exc`` with ``label`` (``"judge my_judge"``) in front, unless its message already names it."""
+    if label in str(exc):
+        return exc
+    try:
+        made = type(exc)(f"{label}: {exc}")
+    except Exception:
+        made = ComponentError(f"{label}: {exc}")
+    made.__cause__ = exc
+    return made
 
 
 def require(module: str, extra: str, *, package: str = "reinforge"):

@@ -67,30 +67,29 @@ def eval_dataset(run: RunConfig, split: str | None = None, limit: int | None = N
     return dataclasses.replace(base, **changes) if changes else base
 
 
-def eval_model(job: TuneJob, api_base: str | None = None, model_name: str | None = None) -> ChatModel:
-    """The model to evaluate: an API (litellm) when one is named, else the backend's policy."""
+def _eval_model_config(run: RunConfig, api_base: str | None, model_name: str | None) -> Any:
     import dataclasses
 
     from .config import ModelConfig
-    from .job import make_chat_model
-    from .tuning import get_backend
 
-    cfg = job.run.model
+    cfg = run.model
     if api_base or model_name:
         base = cfg or ModelConfig(model_path=model_name or "default")
         cfg = dataclasses.replace(base, api_base=api_base or base.api_base, model_path=model_name or base.model_path)
     if cfg is None:
-        raise ConfigError(f"{job.run.source or 'run'}: eval needs 'model' (or --model/--api-base)")
+        raise ConfigError(f"{run.source or 'run'}: eval needs 'model' (or --model/--api-base)")
+    return cfg
+
+
+def eval_model(job: TuneJob, api_base: str | None = None, model_name: str | None = None) -> ChatModel:
+    """The model to evaluate: an API (litellm) when one is named, else the backend's policy."""
+    from .job import get_backend, make_chat_model
+
+    cfg = _eval_model_config(job.run, api_base, model_name)
     if cfg.api_base:
-        return make_chat_model(cfg)
-    backend = get_backend(job.run.backend, job.registry)
-    make = getattr(backend, "chat_model", None)
-    if not callable(make):
-        raise ConfigError(
-            f"{job.run.source or 'run'}: model.api_base is not set and backend {job.run.backend or 'local'!r} "
-            "cannot serve the model for evaluation; set model.api_base or pass --api-base"
-        )
-    return make(cfg)
+        return make_chat_model(cfg, where=job.run.where("model"))
+    backend = job.backend or get_backend(job.run.backend, job.registry)
+    return backend.chat_model(cfg)
 
 
 def check_accuracy_key(job: TuneJob) -> None:
@@ -132,26 +131,32 @@ def evaluate(
     """Run the workflow and judges over a split and report accuracy and every dimension."""
     from .job import build_job
 
-    job = job or build_job(run)
+    if job is None:
+        uses_backend = model is None and not _eval_model_config(run, api_base, model_name).api_base
+        job = build_job(run, need_backend=uses_backend)
     check_accuracy_key(job)
     dataset = eval_dataset(run, split, limit)
-    rows = dataset.rows()
-    chat_model = model or eval_model(job, api_base, model_name)
-    runner = job.make_runner(model=chat_model, group_size=run.eval.group_size)
-    start = time.perf_counter()
-    result = runner.run(rows)
-    report = EvalReport(
-        accuracy=accuracy_of(result, run.eval.accuracy_key, run.eval.threshold),
-        accuracy_key=run.eval.accuracy_key,
-        threshold=run.eval.threshold,
-        tasks=len(rows),
-        kept=len(result.trajectories),
-        metrics=result.metrics,
-        counters=dict(result.counters),
-        seconds=time.perf_counter() - start,
-        split=dataset.split,
-        trajectories=result.trajectories,
-    )
-    if job.hook is not None:
-        job.hook.on_run_end(summary=report.summary())
+    with job.running("eval") as ctx:
+        rows = dataset.rows()
+        chat_model = model or eval_model(job, api_base, model_name)
+        runner = job.make_runner(model=chat_model, group_size=run.eval.group_size)
+        start = time.perf_counter()
+        result = runner.run(rows)
+        report = EvalReport(
+            accuracy=accuracy_of(result, run.eval.accuracy_key, run.eval.threshold),
+            accuracy_key=run.eval.accuracy_key,
+            threshold=run.eval.threshold,
+            tasks=len(rows),
+            kept=len(result.trajectories),
+            metrics=result.metrics,
+            counters=dict(result.counters),
+            seconds=time.perf_counter() - start,
+            split=dataset.split,
+            trajectories=result.trajectories,
+        )
+        metrics = dict(result.metrics)
+        if report.accuracy is not None:
+            metrics["accuracy"] = report.accuracy
+        ctx.eval_end(metrics, step=0)
+        ctx.summary.update(report.summary())
     return report

@@ -1,17 +1,31 @@
 """Hook specifications: what a reinforge plugin can implement.
 
 A plugin is a module (or object) with functions decorated by ``@hookimpl``,
-published under the ``reinforge`` entry-point group. Registration hooks receive
-a ``register`` callable, in the style of simonw/llm::
+published under the ``reinforge`` entry-point group (entry-point name = the
+distribution's name). Registration hooks receive a ``register`` callable, in
+the style of simonw/llm::
 
-    from reinforge import hookimpl
+    from reinforge.plugin import hookimpl
 
     @hookimpl
     def register_judges(register):
-        register("my_judge", my_judge)
+        register("my_judge", my_judge, kind="rule", reward_range=(0, 1))
 
 Names are global per kind: two plugins registering the same judge name is an
-error naming both distributions.
+error naming both distributions when the name is used. A ``@hookimpl`` whose
+name matches no specification (a typo) makes its plugin broken, with a message
+naming the plugin and the hook. Packages add hooks of their own through
+:func:`reinforge_addhooks`.
+
+Who calls what, and when:
+
+- ``reinforge_addhooks``: the plugin manager, when each plugin registers.
+- ``register_*``: :func:`reinforge.plugins.build_registry`, once per command
+  (or ``tune()``/``evaluate()`` call), one plugin at a time.
+- ``register_commands``: the ``reinforge`` command line, at start.
+- ``on_run_start``, ``on_step_end``, ``on_run_end``: core's run lifecycle
+  (:class:`reinforge.plugin.RunContext`), never a backend directly.
+- ``on_trajectory``: the shared runner, after each rollout is scored.
 """
 
 from __future__ import annotations
@@ -21,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
+    from .lifecycle import RunContext
     from .trajectory import Trajectory
 
 PROJECT_NAME = "reinforge"
@@ -29,14 +44,38 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
+@hookspec(historic=True)
+def reinforge_addhooks(pluginmanager: pluggy.PluginManager) -> None:
+    """Add hook specifications of a plugin's own (called for every plugin as it registers).
+
+    Historic: a plugin registered later still gets the call. Use it instead of
+    patching the manager late, so other plugins can implement your hooks and a
+    typo in theirs is still caught::
+
+        @hookimpl
+        def reinforge_addhooks(pluginmanager):
+            from . import hookspecs
+            pluginmanager.add_hookspecs(hookspecs)
+
+    :param pluginmanager: the :class:`pluggy.PluginManager` being built.
+    :return: nothing.
+    """
+
+
 @hookspec
 def register_workflows(register: Any) -> None:
     """Register workflow functions by name.
 
-    :param register: ``register(name, func)``. ``func`` follows the workflow
-        contract ``(task, model, auxiliary_models=None, logger=None) ->
-        WorkflowOutput``; extra parameters with defaults are settable from a run
-        file's ``workflow_args``.
+    :param register: ``register(name, obj, *, settings=None, description="")``.
+        ``obj`` is a function following the workflow contract ``(task, model,
+        auxiliary_models=None, logger=None) -> WorkflowOutput`` (its extra
+        keyword parameters with defaults are settable from the run file's
+        ``workflow: {args: ...}``), or a class built once per run with those
+        settings whose instances are such callables (closed at the end of the
+        run through ``close()``/``aclose()``). ``settings`` is a
+        :class:`reinforge.settings.Settings` dataclass the ``args`` are checked
+        against before any model loads; a class then receives the checked
+        settings object as its one argument, a function its fields as keywords.
     :return: nothing; call ``register`` once per workflow.
     """
 
@@ -45,11 +84,15 @@ def register_workflows(register: Any) -> None:
 def register_judges(register: Any) -> None:
     """Register judge functions by name.
 
-    :param register: ``register(name, func)``. ``func`` follows the judge
+    :param register: ``register(name, obj, *, settings=None, kind=None,
+        reward_range=None, description="")``. ``obj`` follows the judge
         contract ``(task, response, auxiliary_models=None, logger=None) ->
-        JudgeOutput``; parameters with defaults are settable from ``args``. A
-        judge that calls a model should set ``func.reinforge_kind = "model"`` so
-        the rule gate skips it for responses that fail the gate.
+        JudgeOutput`` (or a number); a function, or a class built once per run
+        (see :func:`register_workflows` for ``settings`` and classes; a
+        ``@reward_func`` class works too). ``kind="model"`` marks a judge that
+        calls a model: the rule gate skips it for responses that fail the gate.
+        ``reward_range=(low, high)``: a reward outside it stops the run with an
+        error naming the judge (a 7.0 from a 0..1 judge is a bug, not a score).
     :return: nothing.
     """
 
@@ -58,7 +101,8 @@ def register_judges(register: Any) -> None:
 def register_group_rewards(register: Any) -> None:
     """Register group reward functions by name.
 
-    :param register: ``register(name, func)``. ``func`` follows the contract
+    :param register: ``register(name, obj, *, settings=None,
+        reward_range=None, description="")`` as for judges; ``obj`` follows
         ``(task, responses, auxiliary_models=None, logger=None) ->
         GroupRewardOutput`` and must return exactly one reward per response.
     :return: nothing.
@@ -69,10 +113,12 @@ def register_group_rewards(register: Any) -> None:
 def register_backends(register: Any) -> None:
     """Register training backends by name.
 
-    :param register: ``register(name, factory)``. ``factory()`` returns an
-        object with ``run(job: reinforge.TuneJob) -> Any``; it may also offer
-        ``chat_model(model_config) -> ChatModel`` so ``reinforge eval`` can
-        evaluate the backend's policy.
+    :param register: ``register(name, backend_class)`` with a subclass of
+        :class:`reinforge.plugin.Backend`: it declares its ``settings`` (the
+        run file's ``backend_args``) and its ``algorithms`` (each name with its
+        own settings: the keys under ``algorithm:``), and implements
+        ``run(job)``; ``dry_run(job)`` and ``chat_model(model_config)`` have
+        defaults.
     :return: nothing.
     """
 
@@ -93,7 +139,7 @@ def register_commands(register: Any) -> None:
 
 @hookspec
 def on_trajectory(trajectory: Trajectory) -> None:
-    """Called once for every finished rollout, kept or discarded.
+    """Called by the runner once for every finished rollout, kept or discarded.
 
     Observers must not mutate the trajectory. Exceptions propagate: a broken
     monitoring plugin should be noticed, not silently ignored.
@@ -104,17 +150,45 @@ def on_trajectory(trajectory: Trajectory) -> None:
 
 
 @hookspec
-def on_step_end(step: int, metrics: dict[str, float]) -> None:
-    """Called after each training step (and after each evaluation batch).
+def on_run_start(run: RunContext) -> None:
+    """Called once when a run (``tune`` or ``eval``) starts, before any model loads.
 
-    :param step: the 1-based global step.
-    :param metrics: the step's metrics under their stable names.
+    Check your own run-file settings here (``run.config.sentinels``) and keep
+    per-run state in ``run.state[<your distribution name>]``, never at module
+    level: one process may run many runs. Raising stops the run (``on_run_end``
+    is still called).
+
+    :param run: the run's :class:`~reinforge.plugin.RunContext`.
     """
 
 
 @hookspec
-def on_run_end(summary: dict[str, Any]) -> None:
-    """Called once when a run (tune or eval) ends, also when it fails.
+def on_step_end(step: int, metrics: dict[str, float], kind: str, run: RunContext) -> None:
+    """Called after each training step and after each evaluation.
 
-    :param summary: final metrics, counters and ``run_dir`` when there is one.
+    An observer may ask the run to stop with ``run.request_stop(reason)``: the
+    backend finishes the step, evaluates, saves and reports, and the summary
+    names the reason.
+
+    :param step: the 1-based global step (0 for an evaluation of the base model).
+    :param metrics: the step's metrics under their stable names
+        (:mod:`reinforge.metric_names`).
+    :param kind: ``"train"`` or ``"eval"``.
+    :param run: the run's :class:`~reinforge.plugin.RunContext`.
+    """
+
+
+@hookspec
+def on_run_end(summary: dict[str, Any], run: RunContext) -> None:
+    """Called exactly once when a run ends: finished, failed, interrupted or stopped by an observer.
+
+    Core calls it from a ``finally``, so it also runs when every rollout of a
+    batch failed, a step raised, or the user pressed Ctrl-C.
+
+    :param summary: ``status`` (``finished``, ``stopped``, ``interrupted``,
+        ``failed``, ``diverged``), ``error`` when it failed, ``stop_reason``
+        when an observer stopped it, ``run_dir`` when there is one, and the
+        backend's final metrics. Observers may add keys (``report``); the dict
+        is what ``tune()`` returns.
+    :param run: the run's :class:`~reinforge.plugin.RunContext`.
     """

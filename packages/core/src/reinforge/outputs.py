@@ -13,21 +13,26 @@ class TaskStatus(str, enum.Enum):
 
     ``FAILED`` means "transient, not the model's fault" (a judge timed out, a
     service returned 503): the runner retries and, if it keeps failing,
-    discards the sample. A wrong answer is ``SUCCESS`` with reward 0.
+    discards the sample. ``ERROR`` means "permanent: retrying cannot help" (a
+    judge's configuration is wrong): the run stops with the component's name
+    and ``error``. A wrong answer is ``SUCCESS`` with reward 0.
     """
 
     SUCCESS = "success"
     FAILED = "failed"
+    ERROR = "error"
 
 
 def _check_number(owner: str, name: str, value: Any) -> float:
+    from .errors import RewardError
+
     if isinstance(value, bool):
         return float(value)
     if not isinstance(value, (int, float)):
-        raise TypeError(f"{owner}.{name} must be a number, got {type(value).__name__}: {value!r}")
+        raise RewardError(f"{owner}.{name} must be a number, got {type(value).__name__}: {value!r}")
     value = float(value)
     if math.isnan(value) or math.isinf(value):
-        raise ValueError(f"{owner}.{name} must be finite, got {value}")
+        raise RewardError(f"{owner}.{name} must be finite, got {value}")
     return value
 
 

@@ -1,17 +1,23 @@
-"""Plugin manager and the registry of named components.
+"""Loading plugins: the plugin manager, entry points, broken plugins, and building the registry.
 
 Plugins are found through the ``reinforge`` entry-point group. Like
 ``LLM_LOAD_PLUGINS`` in simonw/llm, ``REINFORGE_LOAD_PLUGINS`` selects them:
 unset loads all installed, empty loads none, a comma list loads only those
-distributions. Core's own components come from :mod:`reinforge.default_plugin`
-through the same hooks.
+(distribution or entry-point names). Core's own components come from
+:mod:`reinforge.default_plugin` through the same hooks.
+
+One broken plugin never takes the others down: a plugin that fails to import,
+implements a hook nobody specifies (a misspelt ``register_judge``) or raises
+while registering is unregistered and recorded with its reason in
+:attr:`PluginManager.broken`; ``reinforge plugins`` lists it, and a command
+fails only when it needs a name that plugin would have registered.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
@@ -19,52 +25,159 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError
+from .registry import ENV_VAR, KINDS, Component, Kind, Registry
+
+__all__ = [
+    "CORE_DIST",
+    "ENTRY_POINT_GROUP",
+    "ENV_VAR",
+    "KINDS",
+    "BrokenPlugin",
+    "Component",
+    "PluginManager",
+    "Registry",
+    "build_registry",
+    "check_hookimpls",
+    "collect",
+    "describe_plugins",
+    "get_plugin_manager",
+    "plugin_distribution",
+]
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT_NAME
-ENV_VAR = "REINFORGE_LOAD_PLUGINS"
-KINDS = ("workflows", "judges", "group_rewards", "backends")
 CORE_DIST = "reinforge"
 
 
-def _singular(kind: str) -> str:
-    return {"workflows": "workflow", "judges": "judge", "group_rewards": "group reward", "backends": "backend"}[kind]
+def normalize_name(name: str) -> str:
+    """PEP 503 normal form, so ``reinforge_judge_x`` and ``reinforge-judge-x`` match."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def get_plugin_manager(*, load_entrypoints: bool = True, env: dict[str, str] | None = None) -> pluggy.PluginManager:
-    """Build a fresh plugin manager; the env var is read now, not at import."""
-    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+@dataclass(frozen=True)
+class BrokenPlugin:
+    """A plugin that could not be used, and why."""
+
+    name: str  # entry-point or registration name
+    distribution: str
+    version: str | None
+    reason: str
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager plus the plugins that failed to load, with their reasons."""
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT_NAME)
+        self.broken: list[BrokenPlugin] = []
+        self.origins: dict[int, tuple[str, str | None]] = {}  # id(plugin) -> (distribution, version)
+
+    def mark_broken(self, plugin: object | None, name: str, dist: str, version: str | None, reason: str) -> None:
+        """Unregister ``plugin`` (if registered) and record why."""
+        if plugin is not None and self.is_registered(plugin):
+            self.unregister(plugin)
+        self.broken.append(BrokenPlugin(name, dist, version, reason))
+
+
+def get_plugin_manager(*, load_entrypoints: bool = True, env: dict[str, str] | None = None) -> PluginManager:
+    """Build a fresh plugin manager; the env var is read now, not at import.
+
+    Core's hookspecs and default plugin are registered, then (unless
+    ``load_entrypoints`` is false) the selected entry points; each plugin's
+    ``reinforge_addhooks`` runs as it registers, and finally every hookimpl is
+    checked against the specifications (:func:`check_hookimpls`).
+    """
+    pm = PluginManager()
     pm.add_hookspecs(hookspecs)
+    pm.hook.reinforge_addhooks.call_historic(kwargs={"pluginmanager": pm})
     from . import default_plugin
 
     pm.register(default_plugin, name=CORE_DIST)
-    if not load_entrypoints:
-        return pm
-    environ = os.environ if env is None else env
-    selected = environ.get(ENV_VAR)
-    if selected is None:
-        _load_all(pm)
-    elif selected.strip():
-        wanted = {name.strip() for name in selected.split(",") if name.strip()}
-        _load_all(pm, only=wanted)
+    if load_entrypoints:
+        environ = os.environ if env is None else env
+        selected = environ.get(ENV_VAR)
+        if selected is None:
+            _load_entry_points(pm)
+        elif selected.strip():
+            _load_entry_points(pm, only={n.strip() for n in selected.split(",") if n.strip()})
+    for plugin, problem in check_hookimpls(pm):
+        dist, version = plugin_distribution(pm, plugin)
+        pm.mark_broken(plugin, pm.get_name(plugin) or dist, dist, version, problem)
     return pm
 
 
-def _load_all(pm: pluggy.PluginManager, only: set[str] | None = None) -> None:
+def _load_entry_points(pm: PluginManager, only: set[str] | None = None) -> None:
+    wanted = {normalize_name(n): n for n in only} if only is not None else None
+    found: set[str] = set()
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if only is not None and ep.name not in only:
+        dist = ep.dist.name if ep.dist is not None else ep.name
+        version = ep.dist.version if ep.dist is not None else None
+        names = {normalize_name(ep.name), normalize_name(dist)}
+        if wanted is not None:
+            if not names & set(wanted):
+                continue
+            found |= names & set(wanted)
+        if pm.get_plugin(ep.name) is not None:
+            continue  # the same entry point seen twice (an editable install beside a wheel)
+        try:
+            plugin = ep.load()
+        except Exception as exc:
+            pm.mark_broken(None, ep.name, dist, version, f"failed to import {ep.value!r}: {type(exc).__name__}: {exc}")
             continue
         try:
-            ep.load()  # load here first so a broken plugin is named in the error
+            pm.register(plugin, name=ep.name)
+            pm.origins[id(plugin)] = (dist, version)
         except Exception as exc:
-            raise PluginError(f"plugin {ep.name!r} ({ep.value}) failed to load: {exc!r}") from exc
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP, name=ep.name)
-    for name in sorted(only or ()):
-        if pm.get_plugin(name) is None:
-            raise PluginError(f"{ENV_VAR} names {name!r}, which is not an installed reinforge plugin")
+            pm.mark_broken(plugin, ep.name, dist, version, f"could not be registered: {exc}")
+    if wanted is not None:
+        missing = sorted(original for norm, original in wanted.items() if norm not in found)
+        if missing:
+            installed = sorted(
+                {ep.dist.name if ep.dist else ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+            )
+            raise PluginError(
+                f"{ENV_VAR} names {', '.join(repr(m) for m in missing)}, which is not an installed reinforge plugin; "
+                f"installed: {', '.join(installed) or 'none'}"
+            )
+
+
+def check_hookimpls(pm: pluggy.PluginManager) -> list[tuple[object, str]]:
+    """Hookimpls that match no hook specification (usually a typo), as ``(plugin, message)``.
+
+    Like pluggy's ``check_pending()``, but it names every plugin and hook
+    instead of stopping at the first, and suggests the hook that was meant.
+    """
+    from .settings import suggest
+
+    specified = sorted(name for name in dir(pm.hook) if not name.startswith("_") and _has_spec(pm, name))
+    problems: dict[int, tuple[object, list[str]]] = {}
+    for name in dir(pm.hook):
+        if name.startswith("_"):
+            continue
+        caller = getattr(pm.hook, name)
+        if not isinstance(caller, pluggy.HookCaller) or _has_spec(pm, name):
+            continue
+        for impl in caller.get_hookimpls():
+            if impl.optionalhook:
+                continue
+            entry = problems.setdefault(id(impl.plugin), (impl.plugin, []))
+            entry[1].append(f"{name!r}{suggest(name, specified)}")
+    out = []
+    for plugin, hooks in problems.values():
+        label = pm.get_name(plugin) or repr(plugin)
+        out.append((plugin, f"plugin {label!r} implements hook(s) {', '.join(hooks)}, which no plugin specifies"))
+    return out
+
+
+def _has_spec(pm: pluggy.PluginManager, name: str) -> bool:
+    caller = getattr(pm.hook, name, None)
+    return isinstance(caller, pluggy.HookCaller) and caller.has_spec()
 
 
 def plugin_distribution(pm: pluggy.PluginManager, plugin: object) -> tuple[str, str | None]:
     """(distribution name, version) of a registered plugin; core and ad-hoc plugins included."""
+    origin = getattr(pm, "origins", {}).get(id(plugin))
+    if origin is not None:
+        return origin
     for plug, dist in pm.list_plugin_distinfo():
         if plug is plugin:
             return dist.project_name, dist.version
@@ -76,69 +189,69 @@ def plugin_distribution(pm: pluggy.PluginManager, plugin: object) -> tuple[str, 
     return name, None
 
 
-@dataclass
-class Component:
-    """A named function or factory and the distribution that registered it."""
+def collect(pm: pluggy.PluginManager, kind: Kind, registry: Registry) -> None:
+    """Call the registration hook of ``kind`` one plugin at a time, so each name has an owner.
 
-    kind: str
-    name: str
-    obj: Any
-    owner: str
-
-
-@dataclass
-class Registry:
-    """Every named component, per kind, built by calling the registration hooks."""
-
-    components: dict[str, dict[str, Component]] = field(default_factory=lambda: {k: {} for k in KINDS})
-
-    def get(self, kind: str, name: str) -> Component | None:
-        return self.components[kind].get(name)
-
-    def names(self, kind: str) -> list[str]:
-        return sorted(self.components[kind])
-
-    def by_owner(self) -> dict[str, dict[str, list[str]]]:
-        out: dict[str, dict[str, list[str]]] = {}
-        for kind, items in self.components.items():
-            for comp in items.values():
-                out.setdefault(comp.owner, {}).setdefault(kind, []).append(comp.name)
-        return out
+    A plugin whose hook raises is recorded in ``registry.broken`` (and in
+    ``pm.broken``); what it registered before raising is kept.
+    """
+    registry.add_kind(kind)
+    caller = getattr(pm.hook, kind.hook, None)
+    if caller is None:
+        return
+    for impl in caller.get_hookimpls():
+        owner, version = plugin_distribution(pm, impl.plugin)
+        try:
+            impl.function(register=registry.registrar(kind, owner))
+        except Exception as exc:
+            reason = f"{kind.hook} raised {type(exc).__name__}: {exc}"
+            registry.broken[owner] = reason
+            if isinstance(pm, PluginManager):
+                pm.broken.append(BrokenPlugin(pm.get_name(impl.plugin) or owner, owner, version, reason))
 
 
 def build_registry(pm: pluggy.PluginManager) -> Registry:
-    """Call every registration hook, one plugin at a time, so each name has an owner."""
+    """Every workflow, judge, group reward and backend the loaded plugins register."""
     registry = Registry()
+    for broken in getattr(pm, "broken", ()):
+        registry.broken[broken.distribution] = broken.reason
     for kind in KINDS:
-        caller = getattr(pm.hook, f"register_{kind}")
-        for impl in caller.get_hookimpls():
-            owner, _ = plugin_distribution(pm, impl.plugin)
-            impl.function(register=_registrar(registry, kind, owner))
+        collect(pm, kind, registry)
     return registry
 
 
-def _registrar(registry: Registry, kind: str, owner: str) -> Callable[..., None]:
-    def register(name: str, obj: Any) -> None:
-        if not isinstance(name, str) or not name:
-            raise PluginError(f"{owner}: a {_singular(kind)} must be registered under a non-empty string name")
-        existing = registry.components[kind].get(name)
-        if existing is not None:
-            raise PluginError(
-                f"{_singular(kind)} {name!r} is registered twice: by {existing.owner!r} and by {owner!r}; "
-                f"uninstall one or select plugins with {ENV_VAR}"
-            )
-        registry.components[kind][name] = Component(kind, name, obj, owner)
-
-    return register
-
-
 def describe_plugins(pm: pluggy.PluginManager) -> list[dict[str, Any]]:
-    """What ``reinforge plugins`` prints: name, version, hooks and registered names."""
+    """What ``reinforge plugins`` prints: name, version, hooks, registered names, conflicts and broken plugins."""
     registry = build_registry(pm)
     owned = registry.by_owner()
-    rows = []
+    conflicts: dict[str, list[str]] = {}
+    for (kind, name), owners in registry.conflicts.items():
+        for owner in owners:
+            others = [o for o in owners if o != owner]
+            conflicts.setdefault(owner, []).append(f"{kind} {name!r} also registered by {', '.join(others)}")
+    rows: dict[str, dict[str, Any]] = {}
     for plugin in pm.get_plugins():
         dist, version = plugin_distribution(pm, plugin)
         hooks = sorted(h.name for h in pm.get_hookcallers(plugin) or [])
-        rows.append({"name": dist, "version": version, "hooks": hooks, "registers": owned.get(dist, {})})
-    return sorted(rows, key=lambda r: (r["name"] != CORE_DIST, r["name"]))
+        rows[dist] = {
+            "name": dist,
+            "version": version,
+            "hooks": hooks,
+            "registers": owned.get(dist, {}),
+            "conflicts": sorted(conflicts.get(dist, [])),
+            "broken": registry.broken.get(dist),
+        }
+    for broken in getattr(pm, "broken", ()):
+        row = rows.setdefault(
+            broken.distribution,
+            {
+                "name": broken.distribution,
+                "version": broken.version,
+                "hooks": [],
+                "registers": {},
+                "conflicts": [],
+                "broken": None,
+            },
+        )
+        row["broken"] = broken.reason
+    return sorted(rows.values(), key=lambda r: (r["name"] != CORE_DIST, r["name"]))

@@ -12,24 +12,13 @@ import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .errors import ResolveError, SignatureError
-from .plugins import KINDS
+from .errors import ResolveError
+from .registry import Kind, kind_named
 
 if TYPE_CHECKING:
-    from .config import ComponentSpec
-    from .plugins import Registry
-    from .signatures import BoundFunction
+    from .registry import Component, Registry
 
-__all__ = ["resolve", "resolve_component"]
-
-_SINGULAR = {"workflows": "workflow", "judges": "judge", "group_rewards": "group reward", "backends": "backend"}
-
-
-def _kind(kind: str) -> str:
-    plural = kind if kind in KINDS else f"{kind}s"
-    if plural not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(KINDS)}")
-    return plural
+__all__ = ["resolve", "resolve_entry", "resolve_ref"]
 
 
 def _prefix(where: str) -> str:
@@ -41,29 +30,41 @@ def _hint(word: str, options: list[str]) -> str:
     return f" (did you mean {match[0]!r}?)" if match else ""
 
 
-def resolve(
-    ref: Any, kind: str, registry: Registry | None = None, *, where: str = "", base_dir: str | None = None
+def resolve_entry(
+    ref: Any, kind: str | Kind, registry: Registry | None = None, *, where: str = "", base_dir: str | None = None
+) -> tuple[Any, Component | None]:
+    """``(object, its registry entry or None)`` for ``ref``; see :func:`resolve_ref`."""
+    k = registry._kind(kind) if registry is not None and not isinstance(kind, Kind) else kind_named(kind)
+    if callable(ref) and not isinstance(ref, str):
+        return ref, None
+    if not isinstance(ref, str) or not ref.strip():
+        raise ResolveError(
+            f"{_prefix(where)}{k.singular} reference must be a name, 'module:attr' or a callable, got {ref!r}"
+        )
+    if ":" in ref:
+        return _import_attr(ref, k.singular, where, base_dir), None
+    comp = _lookup(ref, k, registry, where)
+    return comp.obj, comp
+
+
+def resolve_ref(
+    ref: Any, kind: str | Kind, registry: Registry | None = None, *, where: str = "", base_dir: str | None = None
 ) -> Any:
     """Return the object ``ref`` points to.
 
     :param ref: a callable (returned as is), ``"module:attr"`` (``attr`` may be
         dotted) or a name registered for ``kind``.
-    :param kind: ``workflows``, ``judges``, ``group_rewards`` or ``backends``
-        (singular accepted).
+    :param kind: ``workflows``, ``judges``, ``group_rewards``, ``backends``
+        (singular accepted) or a package's own :class:`~reinforge.registry.Kind`.
     :param registry: where names are looked up; the installed plugins' when None.
     :param where: location for messages, e.g. ``"run.yaml: judges[0]"``.
     :param base_dir: put on ``sys.path`` while importing (the run file's folder).
     :raises ResolveError: naming the reference and what went wrong.
     """
-    plural = _kind(kind)
-    what = _SINGULAR[plural]
-    if callable(ref) and not isinstance(ref, str):
-        return ref
-    if not isinstance(ref, str) or not ref.strip():
-        raise ResolveError(f"{_prefix(where)}{what} reference must be a name, 'module:attr' or a callable, got {ref!r}")
-    if ":" in ref:
-        return _import_attr(ref, what, where, base_dir)
-    return _lookup(ref, plural, registry, where)
+    return resolve_entry(ref, kind, registry, where=where, base_dir=base_dir)[0]
+
+
+resolve = resolve_ref  # the 0.2 name
 
 
 def _import_attr(ref: str, what: str, where: str, base_dir: str | None) -> Any:
@@ -103,40 +104,20 @@ def _import_attr(ref: str, what: str, where: str, base_dir: str | None) -> Any:
     return obj
 
 
-def _lookup(name: str, plural: str, registry: Registry | None, where: str) -> Any:
+def _lookup(name: str, kind: Kind, registry: Registry | None, where: str) -> Component:
     if registry is None:
         from .plugins import build_registry, get_plugin_manager
 
         registry = build_registry(get_plugin_manager())
-    component = registry.get(plural, name)
-    if component is not None:
-        return component.obj
-    names = registry.names(plural)
-    label = plural.replace("_", " ")
-    listing = f"registered {label}: {', '.join(names)}" if names else f"no {label} are registered at all"
-    raise ResolveError(
-        f"{_prefix(where)}no {_SINGULAR[plural]} named {name!r} is registered{_hint(name, names)}; {listing}. "
-        "To use your own function, write 'module:function'"
-    )
-
-
-def resolve_component(
-    spec: ComponentSpec, role: str, registry: Registry | None = None, *, where: str = "", base_dir: str | None = None
-) -> BoundFunction:
-    """Resolve ``spec.ref`` and bind ``spec.args`` to it under the ``role`` contract.
-
-    The bound function is named ``module:qualname`` so errors point at code;
-    metrics use ``spec.metric_name``. Errors are :class:`ResolveError` or :class:`SignatureError` naming ``where``
-    and the function.
-    """
-    from .signatures import REQUIRED, bind, describe
-
-    if role not in REQUIRED:
-        raise ValueError(f"unknown role {role!r}; expected one of {', '.join(REQUIRED)}")
-    obj = resolve(spec.ref, role, registry, where=where, base_dir=base_dir)
     try:
-        return bind(obj, role, spec.args)
-    except SignatureError as exc:
-        origin = describe(obj)
-        suffix = "" if origin in str(exc) else f" (defined as {origin})"
-        raise SignatureError(f"{_prefix(where)}{exc}{suffix}") from exc
+        component = registry.get(kind, name)
+    except Exception as exc:  # a name two plugins claim
+        raise ResolveError(f"{_prefix(where)}{exc}") from None
+    if component is not None:
+        return component
+    names = registry.names(kind)
+    listing = f"registered {kind.label}: {', '.join(names)}" if names else f"no {kind.label} are registered at all"
+    raise ResolveError(
+        f"{_prefix(where)}no {kind.singular} named {name!r} is registered{_hint(name, names)}; {listing}. "
+        f"To use your own function, write 'module:function'{registry.broken_note()}"
+    )

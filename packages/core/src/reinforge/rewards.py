@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ScoreConfig
-from .errors import ConfigError, ReinforgeError, RewardError
+from .errors import ConfigError, ReinforgeError, RewardError, attributed
 from .outputs import JudgeOutput, TaskStatus
 from .signatures import OPTIONAL, BoundFunction
 from .text import response_text
@@ -78,54 +78,89 @@ def aggregate_func(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def reward_func(name: str, *, kind: str = "rule", strict_weights: bool = False) -> Callable[[Any], Any]:
-    """Name a judge; on a class, turn its ``@sub_reward_func`` methods into one judge.
+@dataclass(frozen=True)
+class RewardMeta:
+    """What :func:`reward_func` declares: the metric name, the judge kind, strict sub-weights."""
 
-    The class is instantiated once (``setup()`` is called if defined) and the
-    decorator returns a judge callable with the standard judge signature.
+    name: str
+    kind: str = "rule"
+    strict_weights: bool = False
+
+
+def reward_func(name: str, *, kind: str = "rule", strict_weights: bool = False) -> Callable[[Any], Any]:
+    """Name a judge (``name`` is its metric name); on a class, make its ``@sub_reward_func`` methods one judge.
+
+    For a function referenced as ``module:attr`` this is how it declares its
+    name and kind (registered judges declare them at registration instead). A
+    decorated class is built once per run, with the run file's ``args`` as
+    keyword arguments of its constructor (``setup()`` is called if defined), so
+    its state lives exactly as long as the run.
     """
+    if kind not in ("rule", "model"):
+        raise ConfigError(f"reward_func({name!r}): kind must be 'rule' or 'model', got {kind!r}")
 
     def wrap(target: Any) -> Any:
-        if not isinstance(target, type):
-            target.reinforge_name = name
-            target.reinforge_kind = kind
-            return target
-        return MultiDimensionJudge(target, name=name, kind=kind, strict_weights=strict_weights)
+        meta = RewardMeta(name, kind, strict_weights)
+        if isinstance(target, type):
+            MultiDimensionJudge.inspect(target, meta)  # a class without sub-dimensions fails here, at import
+        target.__reinforge_reward__ = meta
+        return target
 
     return wrap
 
 
 class MultiDimensionJudge:
-    """A judge made of sub-dimensions; see :func:`reward_func`."""
+    """A judge made of sub-dimensions (one per run): see :func:`reward_func`."""
 
-    def __init__(self, cls: type, *, name: str, kind: str, strict_weights: bool):
+    def __init__(self, cls: type, instance: Any, meta: RewardMeta):
         self.cls = cls
-        self.reinforge_name = name
-        self.reinforge_kind = kind
+        self.instance = instance
+        self.reinforge_name = meta.name
+        self.reinforge_kind = meta.kind
         self.__name__ = cls.__name__
         self.__qualname__ = cls.__qualname__
         self.__module__ = cls.__module__
         self.__doc__ = cls.__doc__
-        self.subs: list[tuple[str, str, bool, tuple[str, ...]]] = []  # (dimension, attr, async, passes)
+        self.subs, raw, self.aggregate_attr = self.inspect(cls, meta)
+        self.weights = normalize_weights(raw, what=f"judge {meta.name!r} sub_weight", strict=meta.strict_weights)
+
+    @staticmethod
+    def inspect(
+        cls: type, meta: RewardMeta
+    ) -> tuple[list[tuple[str, str, bool, tuple[str, ...]]], dict[str, float], str | None]:
+        """(sub-dimensions, their raw weights, the aggregate method's name) of a ``@reward_func`` class."""
+        subs: list[tuple[str, str, bool, tuple[str, ...]]] = []  # (dimension, attr, async, passes)
         raw: dict[str, float] = {}
-        self.aggregate_attr: str | None = None
+        aggregate_attr: str | None = None
         for attr, member in inspect.getmembers(cls, predicate=inspect.isfunction):
             if hasattr(member, "__reinforge_sub__"):
                 dim, weight = member.__reinforge_sub__
                 if dim in raw:
-                    raise ConfigError(f"judge {name!r}: sub-dimension {dim!r} is defined twice")
+                    raise ConfigError(f"judge {meta.name!r}: sub-dimension {dim!r} is defined twice")
                 raw[dim] = weight
                 params = tuple(p for p in inspect.signature(member).parameters if p in OPTIONAL)
-                self.subs.append((dim, attr, inspect.iscoroutinefunction(member), params))
+                subs.append((dim, attr, inspect.iscoroutinefunction(member), params))
             if getattr(member, "__reinforge_aggregate__", False):
-                self.aggregate_attr = attr
-        if not self.subs:
-            raise ConfigError(f"judge {name!r} ({cls.__qualname__}) has no @sub_reward_func methods")
-        self.weights = normalize_weights(raw, what=f"judge {name!r} sub_weight", strict=strict_weights)
-        self.instance = cls()
-        setup = getattr(self.instance, "setup", None)
+                aggregate_attr = attr
+        if not subs:
+            raise ConfigError(f"judge {meta.name!r} ({cls.__qualname__}) has no @sub_reward_func methods")
+        return subs, raw, aggregate_attr
+
+    @classmethod
+    def build(cls, target: type, settings: Any, *, declared_settings: bool = False) -> MultiDimensionJudge:
+        """Instantiate ``target`` with the run's settings (``target(**args)``) and call its ``setup()``."""
+        meta: RewardMeta = target.__reinforge_reward__  # type: ignore[attr-defined]
+        instance = target(settings) if declared_settings else target(**settings)
+        setup = getattr(instance, "setup", None)
         if callable(setup):
             setup()
+        return cls(target, instance, meta)
+
+    def close(self) -> None:
+        """Close the instance when it has ``close()`` (the run ended)."""
+        close = getattr(self.instance, "close", None)
+        if callable(close):
+            close()
 
     async def __call__(
         self, task: dict, response: Any, auxiliary_models: Any = None, logger: Any = None
@@ -261,8 +296,8 @@ class RewardComposer:
                 out = await asyncio.wait_for(
                     slot.fn.call(task, response, auxiliary_models=aux, logger=logger), self.judge_timeout_s
                 )
-            except ReinforgeError:
-                raise
+            except ReinforgeError as exc:  # a permanent error (ConfigurationError, a NaN reward): stop the run
+                raise attributed(exc, f"judge {slot.fn.name}") from exc
             except asyncio.TimeoutError:
                 last = f"judge {slot.fn.name} timed out after {self.judge_timeout_s:g}s"
                 continue

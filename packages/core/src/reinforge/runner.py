@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import RunnerConfig
-from .errors import ReinforgeError, RunnerError
+from .errors import ReinforgeError, RunnerError, attributed
 from .models import ChatModel, RecordingChatModel
 from .outputs import GroupRewardOutput, TaskStatus
 from .rewards import RewardComposer, Score
@@ -189,8 +189,8 @@ class Runner:
                     gr.call(task, responses, auxiliary_models=self.auxiliary_models, logger=self.logger),
                     self.settings.judge_timeout_s,
                 )
-            except ReinforgeError:
-                raise
+            except ReinforgeError as exc:
+                raise attributed(exc, f"group reward {gr.name}") from exc
             except asyncio.TimeoutError:
                 last = f"group reward {gr.name} timed out after {self.settings.judge_timeout_s:g}s"
                 continue
@@ -239,7 +239,7 @@ class Runner:
                 t.timed_out = True
                 counters["timeouts"] += 1
             elif isinstance(exc, ReinforgeError):
-                raise exc
+                raise attributed(exc, f"workflow {self.workflow.name}") from exc
             elif exc is not None:  # includes a TimeoutError raised inside the workflow: transient
                 t.status, t.error = (
                     TaskStatus.FAILED,

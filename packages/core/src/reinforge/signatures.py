@@ -11,12 +11,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import RewardError, SignatureError
-from .outputs import GroupRewardOutput, JudgeOutput, WorkflowOutput
+from .errors import ComponentError, RewardError, SignatureError
+from .outputs import GroupRewardOutput, JudgeOutput, TaskStatus, WorkflowOutput
 
 REQUIRED = {
     "workflow": ("task", "model"),
@@ -38,7 +39,13 @@ def describe(func: Any) -> str:
 
 @dataclass
 class BoundFunction:
-    """A checked user function plus the settings bound to it."""
+    """A checked user function plus the settings bound to it, built once per run.
+
+    ``name`` is what messages and logs call it (the registered name, the
+    ``module:attr`` reference, or ``module:qualname`` of a callable);
+    ``reward_range`` is checked on every output; ``closers`` run when the run
+    ends (a component built from a class is closed through them).
+    """
 
     func: Callable[..., Any]
     role: str
@@ -46,6 +53,15 @@ class BoundFunction:
     settings: dict[str, Any] = field(default_factory=dict)
     passes: tuple[str, ...] = ()
     is_async: bool = True
+    metric_name: str | None = None
+    judge_kind: str | None = None
+    reward_range: tuple[float, float] | None = None
+    closers: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def close(self) -> None:
+        """Close what was built for this run (``close()``/``aclose()`` of a class component)."""
+        while self.closers:
+            self.closers.pop()()
 
     async def call(self, first: Any, second: Any, *, auxiliary_models: Any = None, logger: Any = None) -> Any:
         kwargs = dict(self.settings)
@@ -60,27 +76,56 @@ class BoundFunction:
         return await asyncio.to_thread(functools.partial(self.func, **kwargs))
 
     def check_output(self, out: Any, group_size: int | None = None) -> Any:
-        """Coerce plain numbers; reject anything else that is not the contract's type."""
+        """Coerce plain numbers; reject what breaks the contract with a :class:`RewardError` naming the function.
+
+        A non-finite reward, a reward outside the declared ``reward_range`` and
+        ``TaskStatus.ERROR`` (a permanent error) are errors that stop the run.
+        """
+        what = self.role.replace("_", " ")
         if self.role == "workflow":
             if not isinstance(out, WorkflowOutput):
                 raise RewardError(f"workflow {self.name} returned {type(out).__name__}, expected WorkflowOutput")
-            return out
-        if self.role == "judge":
-            if isinstance(out, (int, float)):
+            if out.reward is not None:
+                self._check_reward(out.reward, "reward")
+        elif self.role == "judge":
+            if isinstance(out, (int, float)) and not isinstance(out, bool):
+                self._check_reward(out, "reward")
                 return JudgeOutput(reward=float(out))
             if not isinstance(out, JudgeOutput):
                 raise RewardError(f"judge {self.name} returned {type(out).__name__}, expected JudgeOutput or a number")
-            return out
-        if isinstance(out, list):
-            out = GroupRewardOutput(rewards=out)
-        if not isinstance(out, GroupRewardOutput):
-            raise RewardError(f"group reward {self.name} returned {type(out).__name__}, expected GroupRewardOutput")
-        if out.status.value == "success" and group_size is not None and len(out.rewards) != group_size:
-            raise RewardError(
-                f"group reward {self.name} returned {len(out.rewards)} rewards for a group of {group_size}; "
-                "it must return exactly one reward per response"
-            )
+            if out.status is TaskStatus.SUCCESS:
+                self._check_reward(out.reward, "reward")
+        else:
+            if isinstance(out, list):
+                for i, r in enumerate(out):
+                    self._check_reward(r, f"rewards[{i}]")
+                out = GroupRewardOutput(rewards=out)
+            if not isinstance(out, GroupRewardOutput):
+                raise RewardError(f"group reward {self.name} returned {type(out).__name__}, expected GroupRewardOutput")
+            if out.status is TaskStatus.SUCCESS:
+                if group_size is not None and len(out.rewards) != group_size:
+                    raise RewardError(
+                        f"group reward {self.name} returned {len(out.rewards)} rewards for a group of {group_size}; "
+                        "it must return exactly one reward per response"
+                    )
+                for i, r in enumerate(out.rewards):
+                    self._check_reward(r, f"rewards[{i}]")
+        if out.status is TaskStatus.ERROR:
+            raise ComponentError(f"{what} {self.name} reported a permanent error: {out.error or 'no message'}")
         return out
+
+    def _check_reward(self, value: Any, label: str) -> None:
+        what = self.role.replace("_", " ")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise RewardError(f"{what} {self.name} returned {label} {value!r}, which is not a number")
+        if not math.isfinite(value):
+            raise RewardError(f"{what} {self.name} returned a non-finite {label}: {value}")
+        if self.reward_range is not None:
+            low, high = self.reward_range
+            if not low <= value <= high:
+                raise RewardError(
+                    f"{what} {self.name} returned {label} {value:g}, outside its declared range [{low:g}, {high:g}]"
+                )
 
 
 def _is_async(func: Any) -> bool:
@@ -92,7 +137,14 @@ def _is_async(func: Any) -> bool:
     return inspect.iscoroutinefunction(call)
 
 
-def bind(func: Any, role: str, settings: dict[str, Any] | None = None, *, name: str | None = None) -> BoundFunction:
+def bind(
+    func: Any,
+    role: str,
+    settings: dict[str, Any] | None = None,
+    *,
+    name: str | None = None,
+    contract_only: bool = False,
+) -> BoundFunction:
     """Check ``func`` against the ``role`` contract and bind ``settings`` to it.
 
     Raises :class:`SignatureError` naming the function and the offending
@@ -135,7 +187,7 @@ def bind(func: Any, role: str, settings: dict[str, Any] | None = None, *, name: 
             raise SignatureError(
                 f"{kind} {label}: parameter {p.name!r} is positional-only; reinforge passes settings by name"
             )
-        if p.default is p.empty and p.name not in settings:
+        if p.default is p.empty and p.name not in settings and not contract_only:
             raise SignatureError(
                 f"{kind} {label} has parameter {p.name!r}, which is not part of the contract "
                 f"({', '.join(required + OPTIONAL)}) and has no default; give it a default or set it in args"

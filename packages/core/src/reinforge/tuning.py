@@ -4,36 +4,40 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, PluginError
+from .errors import ConfigError
+from .job import DEFAULT_BACKEND, get_backend
 
 if TYPE_CHECKING:
     from .config import AlgorithmConfig, DatasetConfig, ModelConfig, RunConfig
     from .job import TuneJob
-    from .plugins import Registry
 
-DEFAULT_BACKEND = "local"
-
-
-def get_backend(name: str | None, registry: Registry) -> Any:
-    """Instantiate a registered backend; a missing one says which package to install."""
-    name = name or DEFAULT_BACKEND
-    comp = registry.get("backends", name)
-    if comp is None:
-        installed = ", ".join(registry.names("backends")) or "none"
-        raise PluginError(
-            f"backend {name!r} is not installed (installed: {installed}); "
-            f"install it with: pip install reinforge-backend-{name}"
-        )
-    return comp.obj()
+__all__ = ["DEFAULT_BACKEND", "get_backend", "run_job", "tune"]
 
 
-def run_job(job: TuneJob, *, backend: str | None = None, dry_run: bool = False) -> Any:
-    """Hand a resolved job to its backend (``dry_run`` only validates and describes)."""
-    impl = get_backend(backend or job.run.backend, job.registry)
+def run_job(job: TuneJob, *, dry_run: bool = False) -> Any:
+    """Hand a checked job to its backend inside the run lifecycle (``dry_run`` only describes it).
+
+    Returns the run's summary: what the backend returned, plus ``status`` and
+    whatever observers added (``report``, ``stop_reason``).
+    """
+    backend = job.backend
+    if backend is None:
+        raise ConfigError(f"{job.run.source or 'run'}: this job was built without a backend")
     if dry_run:
-        describe = getattr(impl, "dry_run", None)
-        return describe(job) if callable(describe) else {"backend": backend or job.run.backend or DEFAULT_BACKEND}
-    return impl.run(job)
+        try:
+            return backend.dry_run(job)
+        finally:
+            job.close()
+    with job.running("tune") as ctx:
+        result = backend.run(job)
+        if isinstance(result, dict):
+            decided = ctx.summary.get("status")
+            ctx.summary.update(result)
+            if decided is not None:  # Ctrl-C or an observer decided it; the backend's "finished" does not undo that
+                ctx.summary["status"] = decided
+        elif result is not None:
+            ctx.summary["result"] = result
+    return ctx.summary
 
 
 def tune(
@@ -92,8 +96,8 @@ def tune(
         if experiment_name:
             data["experiment_name"] = experiment_name
         run = cfg.build_run(data, options=run_options, where="tune()")
-    job = build_job(run, plugin_manager)
+    job = build_job(run, plugin_manager, backend=backend, need_backend=True)
     for name, value in (auxiliary_models or {}).items():
         if not isinstance(value, cfg.ModelConfig):
             job.auxiliary_models[name] = value  # a ready ChatModel object
-    return run_job(job, backend=backend, dry_run=dry_run)
+    return run_job(job, dry_run=dry_run)

@@ -147,7 +147,6 @@ def check_entry_point(
     claimed names only need to be present. Raises ``AssertionError`` naming
     what is wrong; returns ``{kind: sorted names}`` registered by the plugin.
     """
-    from ..errors import PluginError
     from ..plugins import ENTRY_POINT_GROUP, KINDS, build_registry, get_plugin_manager
 
     claimed = {"workflows": workflows, "judges": judges, "group_rewards": group_rewards, "backends": backends}
@@ -184,18 +183,23 @@ def check_entry_point(
             except Exception as exc:
                 raise AssertionError(f"{dist_name!r}: {ep.value!r} could not be registered: {exc}") from exc
         owners.append(ep.name)
-    try:
-        pm.check_pending()
-    except Exception as exc:  # pluggy: a @hookimpl with no matching hookspec, usually a typo
-        raise AssertionError(f"{dist_name!r}: {exc}") from exc
-    try:
-        registry = build_registry(pm)
-    except PluginError as exc:
-        raise AssertionError(f"{dist_name!r}: registering its components failed: {exc}") from exc
+    from ..plugins import check_hookimpls
+
+    for _plugin, problem in check_hookimpls(pm):  # a @hookimpl with no matching hookspec, usually a typo
+        raise AssertionError(f"{dist_name!r}: {problem}")
+    registry = build_registry(pm)
+    for owner, reason in registry.broken.items():
+        if owner in owners or _normalize(owner) == _normalize(dist_name):
+            raise AssertionError(f"{dist_name!r}: registering its components failed: {reason}")
+    for (kind, name), who in registry.conflicts.items():
+        if set(who) & set(owners) or any(_normalize(w) == _normalize(dist_name) for w in who):
+            raise AssertionError(f"{dist_name!r}: {kind} {name!r} is registered twice: by {who[0]!r} and by {who[1]!r}")
+    _check_contracts(dist_name, registry, owners)
 
     found: dict[str, list[str]] = {}
     problems = []
-    for kind in KINDS:
+    for k in KINDS:
+        kind = k.plural
         actual = sorted(c.name for c in registry.components[kind].values() if c.owner in owners)
         found[kind] = actual
         want = {claimed[kind]} if isinstance(claimed[kind], str) else set(claimed[kind])
@@ -210,3 +214,38 @@ def check_entry_point(
             f"entry point of {dist_name!r} does not register what it claims:\n  " + "\n  ".join(problems)
         )
     return found
+
+
+def _check_contracts(dist_name: str, registry: Any, owners: list[str]) -> None:
+    """Every registered workflow, judge and group reward follows its call contract (no call is made)."""
+    import inspect
+
+    from ..errors import SignatureError
+    from ..registry import KINDS
+    from ..signatures import bind
+
+    for k in KINDS:
+        if k.role is None:
+            continue
+        for comp in registry.components[k.plural].values():
+            if comp.owner not in owners:
+                continue
+            target = comp.obj
+            if isinstance(target, type):
+                if getattr(target, "__reinforge_reward__", None) is not None:
+                    continue  # a @reward_func class: its sub-dimensions were checked at import
+                call = target.__call__
+                params = list(inspect.signature(call).parameters.values())[1:]
+                target = _signature_only(inspect.Signature(params))
+            try:
+                bind(target, k.role, {}, name=comp.name, contract_only=True)
+            except SignatureError as exc:
+                raise AssertionError(f"{dist_name!r}: {k.singular} {comp.name!r} breaks the contract: {exc}") from None
+
+
+def _signature_only(sig: Any) -> Any:
+    def stand_in(*args: Any, **kwargs: Any) -> None:  # pragma: no cover - never called
+        raise NotImplementedError
+
+    stand_in.__signature__ = sig  # type: ignore[attr-defined]
+    return stand_in

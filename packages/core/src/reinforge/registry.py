@@ -1,0 +1,200 @@
+"""The registry of named components: kinds, what a registration declares, collisions.
+
+Registration hooks (``register_workflows(register)``, ...) hand each plugin a
+``register(name, obj, *, settings=None, kind=None, reward_range=None,
+description="")`` callable bound to that plugin's distribution, so every name
+has an owner. Two plugins registering the same name is not a silent rename:
+the name is marked as a conflict naming both distributions, and using it is an
+error, while everything else keeps working (``reinforge plugins`` lists it).
+Packages add their own kinds (rollouts-react's tools) with :class:`Kind`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import PluginError
+
+__all__ = [
+    "Component",
+    "Kind",
+    "KINDS",
+    "Registry",
+    "kind_named",
+]
+
+ENV_VAR = "REINFORGE_LOAD_PLUGINS"
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of component: its registry key, words for messages and the hook that registers it."""
+
+    plural: str  # registry key and hook suffix: "judges" -> register_judges
+    singular: str  # "judge"
+    role: str | None = None  # the call contract in reinforge.signatures ("judge"), None when not a function
+
+    @property
+    def hook(self) -> str:
+        return f"register_{self.plural}"
+
+    @property
+    def label(self) -> str:
+        """Plural words for messages: ``group rewards``."""
+        return self.plural.replace("_", " ")
+
+
+WORKFLOWS = Kind("workflows", "workflow", "workflow")
+JUDGES = Kind("judges", "judge", "judge")
+GROUP_REWARDS = Kind("group_rewards", "group reward", "group_reward")
+BACKENDS = Kind("backends", "backend")
+KINDS: tuple[Kind, ...] = (WORKFLOWS, JUDGES, GROUP_REWARDS, BACKENDS)
+_BY_NAME = {k.plural: k for k in KINDS} | {k.role: k for k in KINDS if k.role} | {"backend": BACKENDS}
+
+
+def kind_named(name: str | Kind) -> Kind:
+    """The core :class:`Kind` for ``"judges"``, ``"judge"``, ``"group_reward"``, ...; ``ValueError`` otherwise."""
+    if isinstance(name, Kind):
+        return name
+    found = _BY_NAME.get(name) or _BY_NAME.get(name.replace(" ", "_"))
+    if found is None:
+        raise ValueError(f"unknown kind {name!r}; expected one of {', '.join(k.plural for k in KINDS)}")
+    return found
+
+
+@dataclass
+class Component:
+    """A registered object and what its registration declared.
+
+    :ivar obj: a function (called per task), a class (built once per run with
+        its settings, closed at the end) or, for backends, a
+        :class:`reinforge.plugin.Backend` subclass.
+    :ivar settings: the settings dataclass its ``args`` are checked against, or
+        None (then the function's or class's keyword parameters are).
+    :ivar judge_kind: ``"rule"`` or ``"model"`` (a model judge is skipped for
+        responses that fail the rule gate).
+    :ivar reward_range: ``(low, high)``: a reward outside it is an error naming
+        the component.
+    """
+
+    kind: str
+    name: str
+    obj: Any
+    owner: str
+    settings: type | None = None
+    judge_kind: str | None = None
+    reward_range: tuple[float, float] | None = None
+    description: str = ""
+
+
+def _check_range(owner: str, name: str, value: Any) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise PluginError(f"{owner}: {name!r}: reward_range must be (low, high), got {value!r}") from None
+    if not (math.isfinite(low) and math.isfinite(high) and low < high):
+        raise PluginError(f"{owner}: {name!r}: reward_range must be two finite numbers low < high, got {value!r}")
+    return low, high
+
+
+@dataclass
+class Registry:
+    """Every named component, per kind, with the owner of each and the names two plugins claimed."""
+
+    components: dict[str, dict[str, Component]] = field(default_factory=lambda: {k.plural: {} for k in KINDS})
+    conflicts: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    kinds: dict[str, Kind] = field(default_factory=lambda: {k.plural: k for k in KINDS})
+    broken: dict[str, str] = field(default_factory=dict)  # distribution -> why it could not load or register
+
+    def add_kind(self, kind: Kind) -> None:
+        """Make room for a package's own kind (e.g. tools)."""
+        self.kinds.setdefault(kind.plural, kind)
+        self.components.setdefault(kind.plural, {})
+
+    def _kind(self, kind: str | Kind) -> Kind:
+        key = kind.plural if isinstance(kind, Kind) else kind
+        if key in self.kinds:
+            return self.kinds[key]
+        return kind_named(key)
+
+    def get(self, kind: str | Kind, name: str) -> Component | None:
+        """The component, None when nobody registered it; a name two plugins claimed is a :class:`PluginError`."""
+        k = self._kind(kind)
+        owners = self.conflicts.get((k.plural, name))
+        if owners:
+            raise PluginError(
+                f"{k.singular} {name!r} is registered twice: by {owners[0]!r} and by {owners[1]!r}; "
+                f"uninstall one or select plugins with {ENV_VAR}"
+            )
+        return self.components.get(k.plural, {}).get(name)
+
+    def names(self, kind: str | Kind) -> list[str]:
+        k = self._kind(kind)
+        return sorted(self.components.get(k.plural, {}))
+
+    def by_owner(self) -> dict[str, dict[str, list[str]]]:
+        out: dict[str, dict[str, list[str]]] = {}
+        for kind, items in self.components.items():
+            for comp in items.values():
+                out.setdefault(comp.owner, {}).setdefault(kind, []).append(comp.name)
+        for (kind, name), owners in self.conflicts.items():
+            for owner in owners:
+                out.setdefault(owner, {}).setdefault(kind, []).append(name)
+        return out
+
+    def broken_note(self) -> str:
+        """`` Note: plugin X is broken (reason).`` for messages about a missing name, or ``""``."""
+        if not self.broken:
+            return ""
+        parts = "; ".join(f"{dist}: {reason}" for dist, reason in sorted(self.broken.items()))
+        return f". Broken plugins, which may be what registers it: {parts}"
+
+    def registrar(self, kind: str | Kind, owner: str) -> Callable[..., None]:
+        """The ``register`` callable handed to one plugin's registration hook for ``kind``."""
+        k = self._kind(kind)
+        self.add_kind(k)
+
+        def register(
+            name: str,
+            obj: Any,
+            *,
+            settings: type | None = None,
+            kind: str | None = None,
+            reward_range: Iterable[float] | None = None,
+            description: str = "",
+        ) -> None:
+            if not isinstance(name, str) or not name:
+                raise PluginError(f"{owner}: a {k.singular} must be registered under a non-empty string name")
+            if kind is not None and kind not in ("rule", "model"):
+                raise PluginError(f"{owner}: {k.singular} {name!r}: kind must be 'rule' or 'model', got {kind!r}")
+            comp = Component(
+                k.plural,
+                name,
+                obj,
+                owner,
+                settings=settings,
+                judge_kind=kind,
+                reward_range=_check_range(owner, name, reward_range),
+                description=description,
+            )
+            self.add(comp)
+
+        return register
+
+    def add(self, comp: Component) -> None:
+        """Add one component; a second owner of the same name makes it a conflict."""
+        key = (comp.kind, comp.name)
+        if key in self.conflicts:
+            self.conflicts[key].append(comp.owner)
+            return
+        existing = self.components.setdefault(comp.kind, {}).get(comp.name)
+        if existing is not None:
+            del self.components[comp.kind][comp.name]
+            self.conflicts[key] = [existing.owner, comp.owner]
+            return
+        self.components[comp.kind][comp.name] = comp
