@@ -124,3 +124,13 @@ def test_run_end_after_a_failed_start_still_reports(pm, tmp_path, capsys):
     summary = {"status": "failed", "run_dir": str(run_dir)}
     pm.hook.on_run_end(summary=summary, run=run)  # core calls it from a finally
     assert summary["report"].endswith("report.html")
+
+
+def test_loading_the_plugin_imports_nothing_heavy():
+    import subprocess
+    import sys
+
+    code = "import json, sys, reinforge_report.plugin, reinforge_report; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = {m.split(".")[0] for m in json.loads(out.stdout)}
+    assert not loaded & {"matplotlib", "numpy", "PIL"}  # every `reinforge` command loads the plugin
