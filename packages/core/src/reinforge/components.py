@@ -47,6 +47,7 @@ class ComponentPlan:
 
     @property
     def is_class(self) -> bool:
+        """True when the component is a class, built once per run."""
         return isinstance(self.obj, type)
 
     def build(self) -> BoundFunction:

@@ -539,7 +539,7 @@ class RunConfig(Settings):
         if self.judges is None:
             self.judges = []
         elif isinstance(self.judges, (str, ComponentSpec)) or callable(self.judges):
-            self.judges = [self.judges]  # one judge given directly in Python
+            self.judges = [self.judges]  # type: ignore[list-item]  # one judge given directly in Python
 
     def check(self) -> None:
         if self.model_interface is not None:
@@ -582,7 +582,7 @@ def _yaml_loader() -> type:
     """A SafeLoader that reads ``1e-6`` as a float (YAML 1.2) and rejects duplicate keys."""
     yaml = require("yaml", "yaml")
 
-    class Loader(yaml.SafeLoader):
+    class Loader(yaml.SafeLoader):  # type: ignore[name-defined]
         def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
             seen: set[Any] = set()
             for key_node, _ in node.value:

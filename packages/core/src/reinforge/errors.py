@@ -7,6 +7,8 @@ without a traceback.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ReinforgeError(Exception):
     """Base class of every error reinforge raises on purpose."""
@@ -65,7 +67,7 @@ def attributed(exc: ReinforgeError, label: str) -> ReinforgeError:
     return made
 
 
-def require(module: str, extra: str, *, package: str = "reinforge"):
+def require(module: str, extra: str, *, package: str = "reinforge") -> Any:
     """Import ``module`` or raise a :class:`MissingExtraError` naming the extra."""
     import importlib
 

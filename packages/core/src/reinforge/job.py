@@ -81,7 +81,7 @@ def get_backend(name: str | None, registry: Registry) -> Backend:
         )
     impl = comp.obj()
     if not impl.name:
-        impl.name = name
+        impl.name = name  # type: ignore[misc]  # a subclass that left the class attribute empty
     return impl
 
 

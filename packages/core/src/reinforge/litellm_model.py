@@ -68,7 +68,7 @@ class LiteLLMChatModel:
         timeout: float = 60.0,
         num_retries: int = 0,
         **defaults: Any,
-    ):
+    ) -> None:
         self.model_name = model
         self.base_url = api_base
         self.api_key = DUMMY_API_KEY if api_key is None and api_base is not None else api_key

@@ -116,7 +116,7 @@ class RecordingChatModel:
     :class:`ModelCall` objects to ``trajectory.calls`` themselves instead.
     """
 
-    def __init__(self, model: ChatModel, trajectory: Trajectory, defaults: dict[str, Any] | None = None):
+    def __init__(self, model: ChatModel, trajectory: Trajectory, defaults: dict[str, Any] | None = None) -> None:
         self.model = model
         self.trajectory = trajectory
         self.defaults = dict(defaults or {})

@@ -269,7 +269,7 @@ class OpenAIServer:
         model_name: str = "scripted",
         api_key: str | None = None,
         max_body_bytes: int = 4 * 1024 * 1024,
-    ):
+    ) -> None:
         self.responder = responder
         self._wants_prefix = _positional_count(responder) >= 2
         self.model_name = model_name

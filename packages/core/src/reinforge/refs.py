@@ -72,17 +72,17 @@ def _import_attr(ref: str, what: str, where: str, base_dir: str | None) -> Any:
     module_name, attr = module_name.strip(), attr.strip()
     if not module_name or not attr:
         raise ResolveError(f"{_prefix(where)}{what} reference {ref!r} must look like 'module:attr'")
-    added = bool(base_dir) and base_dir not in sys.path
-    if added:
+    added = base_dir is not None and bool(base_dir) and base_dir not in sys.path
+    if added and base_dir is not None:
         sys.path.insert(0, base_dir)
     try:
         importlib.invalidate_caches()  # the module may have been written after start-up
         module = importlib.import_module(module_name)
     except Exception as exc:
-        missing = isinstance(exc, ModuleNotFoundError) and exc.name is not None and module_name.startswith(exc.name)
-        if missing:
+        missing_name = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if missing_name is not None and module_name.startswith(missing_name):
             searched = f" (searched sys.path and {base_dir})" if base_dir else " (searched sys.path)"
-            detail = f"no module named {exc.name!r}{searched}"
+            detail = f"no module named {missing_name!r}{searched}"
         else:
             detail = f"importing it raised {type(exc).__name__}: {exc}"
         raise ResolveError(

@@ -39,6 +39,7 @@ class Kind:
 
     @property
     def hook(self) -> str:
+        """The registration hook's name: ``register_judges``."""
         return f"register_{self.plural}"
 
     @property
@@ -134,10 +135,12 @@ class Registry:
         return self.components.get(k.plural, {}).get(name)
 
     def names(self, kind: str | Kind) -> list[str]:
+        """The registered names of ``kind``, sorted (names in conflict left out)."""
         k = self._kind(kind)
         return sorted(self.components.get(k.plural, {}))
 
     def by_owner(self) -> dict[str, dict[str, list[str]]]:
+        """``{distribution: {kind: [names]}}``, conflicting names included under each owner."""
         out: dict[str, dict[str, list[str]]] = {}
         for kind, items in self.components.items():
             for comp in items.values():

@@ -112,7 +112,7 @@ def reward_func(name: str, *, kind: str = "rule", strict_weights: bool = False) 
 class MultiDimensionJudge:
     """A judge made of sub-dimensions (one per run): see :func:`reward_func`."""
 
-    def __init__(self, cls: type, instance: Any, meta: RewardMeta):
+    def __init__(self, cls: type, instance: Any, meta: RewardMeta) -> None:
         self.cls = cls
         self.instance = instance
         self.reinforge_name = meta.name
@@ -253,7 +253,7 @@ class RewardComposer:
         strict_weights: bool = False,
         judge_timeout_s: float = 120.0,
         max_retries: int = 2,
-    ):
+    ) -> None:
         names = [j.name for j in judges]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -105,7 +105,7 @@ class Runner:
         hook: Any = None,
         logger: logging.Logger | None = None,
         model_adapter: ModelAdapter | None = None,
-    ):
+    ) -> None:
         if (model is None) == (model_provider is None):
             raise ValueError("give the Runner exactly one of model= or model_provider=")
         self.workflow = workflow

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import functools
 import math
 import types
 import typing
@@ -63,6 +62,7 @@ class FieldError(ConfigError):
     """
 
     def __init__(self, path: str, detail: str, *, form: str = "value", owner: str | None = None) -> None:
+        """``path`` is the key (``micro_batch``), ``detail`` what is wrong with it."""
         self.path, self.detail, self.form, self.owner = path, detail, form, owner
         super().__init__(self.render())
 
@@ -191,7 +191,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     if origin is Callable or tp is Callable:
         if callable(value):
             return value
-    elif dataclasses.is_dataclass(tp):
+    elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
             return value
         coerce = getattr(tp, "_coerce", None)
@@ -215,9 +215,14 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     raise FieldError(key, f"expected {_describe_type(tp)}, got {describe_value(value)}")
 
 
-@functools.cache
+_HINTS: dict[type, dict[str, Any]] = {}  # type hints per settings class (classes never change their hints)
+
+
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    found = _HINTS.get(cls)
+    if found is None:
+        found = _HINTS[cls] = typing.get_type_hints(cls)
+    return found
 
 
 def settings_keys(cls: type) -> dict[str, dataclasses.Field[Any]]:

@@ -53,7 +53,9 @@ def _close(a: float, b: float, tolerance: float) -> bool:
     return math.isclose(a, b, rel_tol=tolerance, abs_tol=tolerance)
 
 
-def exact_match(task: dict, response: Any, field: str = "answer", ignore_case: bool = True, strip: bool = True):
+def exact_match(
+    task: dict, response: Any, field: str = "answer", ignore_case: bool = True, strip: bool = True
+) -> JudgeOutput:
     """1 when the response equals the reference (whitespace and case normalized by default)."""
     ref = str(_reference(task, field, "exact_match"))
     return JudgeOutput(
@@ -61,7 +63,7 @@ def exact_match(task: dict, response: Any, field: str = "answer", ignore_case: b
     )
 
 
-def contains(task: dict, response: Any, field: str = "answer", ignore_case: bool = True):
+def contains(task: dict, response: Any, field: str = "answer", ignore_case: bool = True) -> JudgeOutput:
     """1 when the reference appears anywhere in the response."""
     ref = str(_reference(task, field, "contains"))
     text = response_text(response)
@@ -70,7 +72,7 @@ def contains(task: dict, response: Any, field: str = "answer", ignore_case: bool
     return JudgeOutput(reward=float(ref in text))
 
 
-def last_number(task: dict, response: Any, field: str = "answer", tolerance: float = 1e-6):
+def last_number(task: dict, response: Any, field: str = "answer", tolerance: float = 1e-6) -> JudgeOutput:
     """1 when the last number in the response equals the reference numerically."""
     ref = parse_number(str(_reference(task, field, "last_number")))
     if ref is None:
@@ -79,7 +81,7 @@ def last_number(task: dict, response: Any, field: str = "answer", tolerance: flo
     return JudgeOutput(reward=float(bool(found) and _close(found[-1], ref, tolerance)))
 
 
-def numeric_equal(task: dict, response: Any, field: str = "answer", tolerance: float = 1e-6):
+def numeric_equal(task: dict, response: Any, field: str = "answer", tolerance: float = 1e-6) -> JudgeOutput:
     """1 when the whole response is a number equal to the reference (stricter than last_number)."""
     ref = parse_number(str(_reference(task, field, "numeric_equal")))
     if ref is None:
@@ -88,7 +90,9 @@ def numeric_equal(task: dict, response: Any, field: str = "answer", tolerance: f
     return JudgeOutput(reward=float(value is not None and _close(value, ref, tolerance)))
 
 
-def regex(task: dict, response: Any, pattern: str = "", fullmatch: bool = False, ignore_case: bool = False):
+def regex(
+    task: dict, response: Any, pattern: str = "", fullmatch: bool = False, ignore_case: bool = False
+) -> JudgeOutput:
     """1 when ``pattern`` matches the response (anywhere, or the whole of it)."""
     if not pattern:
         raise RewardError("judge 'regex' needs args.pattern")
@@ -98,7 +102,7 @@ def regex(task: dict, response: Any, pattern: str = "", fullmatch: bool = False,
     return JudgeOutput(reward=float(found is not None))
 
 
-def json_valid(task: dict, response: Any, required_keys: list[str] | None = None):
+def json_valid(task: dict, response: Any, required_keys: list[str] | None = None) -> JudgeOutput:
     """1 when the response is a JSON object/array (with ``required_keys`` when given)."""
     text = response_text(response).strip()
     if text.startswith("```"):
@@ -112,7 +116,7 @@ def json_valid(task: dict, response: Any, required_keys: list[str] | None = None
     return JudgeOutput(reward=float(has), metrics={"parsed": 1.0})
 
 
-def length_penalty(task: dict, response: Any, target: int = 200, limit: int = 800, unit: str = "chars"):
+def length_penalty(task: dict, response: Any, target: int = 200, limit: int = 800, unit: str = "chars") -> JudgeOutput:
     """1 up to ``target``, falling linearly to 0 at ``limit`` (chars or words).
 
     A decay rather than a cliff, so the model is not pushed to the limit.

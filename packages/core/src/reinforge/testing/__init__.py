@@ -73,7 +73,7 @@ class HookRecorder:
     order of attaching.
     """
 
-    def __init__(self, pm: pluggy.PluginManager):
+    def __init__(self, pm: pluggy.PluginManager) -> None:
         self.pm = pm
         self.records: list[HookCall] = []
         self._lock = threading.Lock()
@@ -202,7 +202,8 @@ def check_entry_point(
         kind = k.plural
         actual = sorted(c.name for c in registry.components[kind].values() if c.owner in owners)
         found[kind] = actual
-        want = {claimed[kind]} if isinstance(claimed[kind], str) else set(claimed[kind])
+        given = claimed[kind]
+        want: set[str] = {given} if isinstance(given, str) else set(given)
         missing = sorted(want - set(actual))
         extra = sorted(set(actual) - want) if exact else []
         if missing:

@@ -67,7 +67,7 @@ class ScriptedChatModel:
         finish_reason: str | None = None,
         model_name: str = "scripted",
         policy_version: int | None = None,
-    ):
+    ) -> None:
         self._fn: ReplyFn | None = replies if callable(replies) else None
         self._script: list[ReplyItem] = [] if callable(replies) else list(replies)
         self.finish_reason = finish_reason
