@@ -84,3 +84,54 @@ def test_micro_batches_are_capped_by_sequences_and_by_padded_tokens():
     # a sequence over the budget still goes (alone); no budget: sequences only
     assert [len(b) for b in _micro_batches([sample(2000), sample(3000)], 8, 1024)] == [1, 1]
     assert [len(b) for b in _micro_batches(long + short, 8, None)] == [8, 7]
+
+
+def test_every_algorithm_keeps_the_old_defaults_of_its_loss_keys():
+    from reinforge_backend_local.algorithms import ALGORITHMS, GroupSettings, LossSettings
+
+    assert set(ALGORITHMS) == {"grpo", "multi_step_grpo", "rloo", "reinforce_pp", "gspo", "ppo"}
+    defaults = {
+        "kl_coef": 0.0,
+        "clip_range": 0.2,
+        "clip_range_high": None,
+        "loss_agg_mode": "token-mean",
+        "ppo_epochs": 1,
+        "max_grad_norm": 1.0,
+    }
+    for name, cls in ALGORITHMS.items():
+        got = vars(cls())
+        assert {k: got[k] for k in defaults} == defaults, name
+        assert issubclass(cls, LossSettings)
+        assert (got.get("scale_rewards") == "group") == issubclass(cls, GroupSettings), name
+
+
+def test_resolve_checks_the_loss_keys_given_to_algorithm_config():
+    from reinforge_backend_local.algorithms import GroupSettings, LossSettings, resolve
+
+    name, settings = resolve(AlgorithmConfig(algorithm_type="reinforce++", kl_coef=0.05))
+    assert name == "reinforce_pp" and type(settings) is LossSettings and settings.kl_coef == 0.05
+    name, settings = resolve(AlgorithmConfig(algorithm_type="gspo", scale_rewards="none", clip_range_high=0.28))
+    assert name == "gspo" and isinstance(settings, GroupSettings) and settings.scale == "none"
+    with pytest.raises(ConfigError, match=r"algorithm\.ppo_epochs: expected an integer, got str '2'"):
+        resolve(AlgorithmConfig(ppo_epochs="2"))
+    with pytest.raises(ConfigError, match=r"algorithm\.scale_rewards: must be one of group, batch, none; got 'std'"):
+        resolve(AlgorithmConfig(scale_rewards="std"))
+    with pytest.raises(ConfigError, match=r"algorithm\.clip_range: must be greater than 0"):
+        resolve(AlgorithmConfig(clip_range=0))
+    # rloo and reinforce_pp have no reward scaling: the key is an error there, not silently ignored
+    with pytest.raises(ConfigError, match=r"unknown key 'algorithm\.scale_rewards'.*algorithm 'rloo'"):
+        resolve(AlgorithmConfig(algorithm_type="rloo", scale_rewards="batch"))
+    with pytest.raises(ConfigError, match=r"unknown key 'algorithm\.kl_coeff' \(did you mean 'kl_coef'\?\)"):
+        resolve(AlgorithmConfig(kl_coeff=0.1))
+
+
+def test_build_samples_reads_the_scaling_from_the_typed_settings():
+    from reinforge_backend_local.algorithms import GroupSettings
+
+    group = GroupResult(task={}, task_index=0, group_id="g", kept=[_trajectory(1.0, 1), _trajectory(0.0, 1)])
+    result = BatchResult([group], counters=None, metrics={}, seconds=0.0)
+    algo = AlgorithmConfig(group_size=2)
+    scaled = build_samples(result, algo)
+    unscaled = build_samples(result, algo, GroupSettings(scale_rewards="none"), name="grpo")
+    assert [s.advantage for s in scaled.items] == [pytest.approx(1.0, rel=1e-5), pytest.approx(-1.0, rel=1e-5)]
+    assert [s.advantage for s in unscaled.items] == [pytest.approx(0.5), pytest.approx(-0.5)]

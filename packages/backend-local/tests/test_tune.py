@@ -79,7 +79,7 @@ def test_resume_after_a_stop_between_steps_reproduces_the_next_step_exactly(mode
 
 
 def test_unknown_algorithm_and_backend_args_are_clear_errors(model_folder, data, tmp_path):
-    with pytest.raises(ConfigError, match="algorithm_type"):
+    with pytest.raises(ConfigError, match=r"algorithm_type: backend 'local' has no algorithm 'dpo'.*grpo"):
         tune(
             workflow_func=workflow,
             judge_func=judge,
@@ -88,7 +88,7 @@ def test_unknown_algorithm_and_backend_args_are_clear_errors(model_folder, data,
             algorithm=AlgorithmConfig(algorithm_type="dpo"),
             backend="local",
         )
-    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['micro_bacth'\]"):
+    with pytest.raises(ConfigError, match=r"unknown key 'backend_args.micro_bacth' \(did you mean 'micro_batch'\?\)"):
         tune(
             workflow_func=workflow,
             judge_func=judge,

@@ -1,20 +1,109 @@
-"""Advantages of the GRPO family, computed from the rewards of each group.
+"""The local backend's algorithms: their settings (the keys under ``algorithm:``) and their advantages.
 
-Each function takes one list of rewards per group and returns one list of
-advantages per group. Groups whose rewards are all equal carry no signal for
-group-relative methods; ``zero_variance`` finds them so the trainer can skip
-and count them.
+Every algorithm shares one loss, PPO-clip against the generation-time
+logprobs with an optional k3 KL term (:class:`LossSettings`); the GRPO-like
+ones also choose how rewards are scaled (:class:`GroupSettings`). Core checks
+a run's keys against :data:`ALGORITHMS` before any model loads.
+
+Each advantage function takes one list of rewards per group and returns one
+list of advantages per group. Groups whose rewards are all equal carry no
+signal for group-relative methods; ``zero_variance`` finds them so the
+trainer can skip and count them.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
+from typing import Any
 
-from reinforge.config import ALGORITHMS
 from reinforge.errors import ConfigError
+from reinforge.plugin import Settings, at_least, finite, one_of
+
+__all__ = [
+    "ALGORITHMS",
+    "ALGORITHM_ALIASES",
+    "GroupSettings",
+    "LossSettings",
+    "advantages",
+    "resolve",
+    "zero_variance",
+]
 
 EPS = 1e-6
+
+
+@dataclass
+class LossSettings(Settings):
+    """The policy loss every algorithm of the local backend uses."""
+
+    kl_coef: float = 0.0  # k3 KL to the base model (0: no reference forward)
+    clip_range: float = 0.2  # PPO clip: ratio within [1 - clip_range, 1 + clip_range_high]
+    clip_range_high: float | None = None  # default: clip_range
+    loss_agg_mode: str = "token-mean"  # token-mean or sequence-mean
+    ppo_epochs: int = 1  # passes over each batch
+    max_grad_norm: float = 1.0  # gradient clipping
+
+    def check(self) -> None:
+        at_least("kl_coef", self.kl_coef, 0.0)
+        finite("kl_coef", self.kl_coef)
+        at_least("clip_range", self.clip_range, 0.0, strict=True)
+        finite("clip_range", self.clip_range)
+        at_least("clip_range_high", self.clip_range_high, 0.0, strict=True)
+        finite("clip_range_high", self.clip_range_high)
+        one_of("loss_agg_mode", self.loss_agg_mode, ("token-mean", "sequence-mean"))
+        at_least("ppo_epochs", self.ppo_epochs, 1)
+        at_least("max_grad_norm", self.max_grad_norm, 0.0, strict=True)
+        finite("max_grad_norm", self.max_grad_norm)
+
+    @property
+    def scale(self) -> str:
+        """How rewards are scaled into advantages (only the GRPO-like algorithms choose)."""
+        return "group"
+
+
+@dataclass
+class GroupSettings(LossSettings):
+    """GRPO, multi-step GRPO, GSPO and PPO: group-mean baseline, then a choice of scaling."""
+
+    scale_rewards: str = "group"  # divide by the group's std, the batch's std, or none (Dr.GRPO)
+
+    def check(self) -> None:
+        super().check()
+        one_of("scale_rewards", self.scale_rewards, ("group", "batch", "none"))
+
+    @property
+    def scale(self) -> str:
+        return self.scale_rewards
+
+
+ALGORITHMS: dict[str, type[LossSettings]] = {
+    "grpo": GroupSettings,
+    "multi_step_grpo": GroupSettings,  # the trajectory's advantage on every model call of it
+    "rloo": LossSettings,  # leave-one-out baseline
+    "reinforce_pp": LossSettings,  # group-mean baseline, normalized over the batch
+    "gspo": GroupSettings,  # one (geometric-mean) ratio per sequence
+    "ppo": GroupSettings,  # GRPO's advantages, several epochs per batch (no critic)
+}
+ALGORITHM_ALIASES = {"reinforce++": "reinforce_pp", "reinforce_plus_plus": "reinforce_pp"}
+
+
+def resolve(algo: Any, settings: LossSettings | None = None, name: str | None = None) -> tuple[str, LossSettings]:
+    """The canonical algorithm name and its loss settings, for a core ``AlgorithmConfig``.
+
+    A backend run passes ``job.algorithm_name`` and ``job.algorithm_settings``
+    (checked by core); code that builds a :class:`~reinforge_backend_local.trainer.Trainer`
+    directly passes only the ``AlgorithmConfig`` and its keys are checked here.
+    """
+    if name is None or settings is None:
+        from .backend import LocalBackend
+
+        backend = LocalBackend()
+        name = name or backend.algorithm_name(algo, where="algorithm")
+        if settings is None:
+            settings = backend.check_algorithm(algo, where="algorithm") or ALGORITHMS[name]()
+    return name, settings
 
 
 def _std(values: list[float]) -> float:
@@ -58,7 +147,7 @@ def reinforce_pp(groups: list[list[float]]) -> list[list[float]]:
 
 
 def advantages(algorithm: str, groups: list[list[float]], scale_rewards: str = "group") -> list[list[float]]:
-    """Dispatch by ``algorithm.algorithm_type``; gspo and ppo use GRPO's advantages."""
+    """Dispatch by the canonical algorithm name; gspo and ppo use GRPO's advantages."""
     if algorithm in ("grpo", "multi_step_grpo", "gspo", "ppo"):
         out = grpo(groups, scale_rewards)
     elif algorithm == "rloo":

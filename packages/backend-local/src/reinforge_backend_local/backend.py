@@ -1,16 +1,30 @@
-"""The ``local`` backend: rollouts through the shared runner, GRPO-family updates with torch + peft."""
+"""The ``local`` backend: rollouts through the shared runner, GRPO-family updates with torch + peft.
+
+What a run file may set is declared here and checked by core before any model
+loads: :class:`LocalSettings` is ``backend_args``; :data:`ALGORITHMS` maps each
+``algorithm_type`` to the settings of its loss (the keys under ``algorithm:``
+besides core's ``learning_rate``, ``group_size``, ``batch_size``, ...).
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from reinforge.errors import ConfigError
+from reinforge.plugin import Backend, FieldError, Settings, at_least, finite
+
+from .algorithms import ALGORITHM_ALIASES, ALGORITHMS
+
+if TYPE_CHECKING:
+    from reinforge.config import ModelConfig
+    from reinforge.plugin import TuneJob
+
+__all__ = ["LocalBackend", "LocalSettings"]
 
 
 @dataclass
-class Options:
-    """``backend_args`` of a run file."""
+class LocalSettings(Settings):
+    """``backend_args`` of a run file (see the README's table)."""
 
     output_dir: str = "runs"  # runs/<project>/<experiment>-<timestamp>/
     resume: str | None = None  # a run folder (its latest checkpoint) or a checkpoint folder
@@ -24,48 +38,53 @@ class Options:
     threads: int | None = None  # torch threads (default: torch's)
     tensorboard: bool = True
     progress: bool = True
-    report: bool = True  # write the report at the end
+    report: bool = True  # the end-of-run report (reinforge-report), through summary["write_report"]
     max_minutes: float | None = None  # stop training after this much wall time (then evaluate and save)
 
-    @classmethod
-    def from_run(cls, run: Any) -> Options:
-        args = dict(run.backend_args or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(args) - known)
-        if unknown:
-            raise ConfigError(
-                f"{run.where('backend_args')}: unknown key(s) {unknown} for the local backend; known: {sorted(known)}"
-            )
-        return cls(**args)
+    def check(self) -> None:
+        if not self.output_dir:
+            raise FieldError("output_dir", "must not be empty")
+        at_least("micro_batch", self.micro_batch, 1)
+        at_least("micro_batch_tokens", self.micro_batch_tokens, 1)
+        at_least("max_batch", self.max_batch, 1)
+        at_least("window_s", self.window_s, 0.0)
+        finite("window_s", self.window_s)
+        at_least("kv_cache_mb", self.kv_cache_mb, 0.0, strict=True)
+        finite("kv_cache_mb", self.kv_cache_mb)
+        at_least("threads", self.threads, 1)
+        at_least("max_minutes", self.max_minutes, 0.0, strict=True)
+        finite("max_minutes", self.max_minutes)
 
 
-class LocalBackend:
-    """Registered as ``local``."""
+class LocalBackend(Backend):
+    """Registered as ``local``: one machine, CPU or one GPU."""
 
-    def run(self, job: Any) -> dict[str, Any]:
+    name = "local"
+    settings = LocalSettings
+    algorithms = ALGORITHMS
+    algorithm_aliases = ALGORITHM_ALIASES
+
+    def run(self, job: TuneJob) -> dict[str, Any]:
         from .session import TrainingSession
 
-        return TrainingSession(job, Options.from_run(job.run)).train()
+        return TrainingSession(job).train()
 
-    def chat_model(self, model_cfg: Any) -> Any:
+    def chat_model(self, model_config: ModelConfig) -> Any:
         """The base (or given) model for ``reinforge eval``, batched across concurrent calls."""
         from .session import standalone_model
 
-        return standalone_model(model_cfg)
+        return standalone_model(model_config)
 
-    def dry_run(self, job: Any) -> dict[str, Any]:
+    def dry_run(self, job: TuneJob) -> dict[str, Any]:
+        from reinforge.config import to_dict
+
         from .modeling import DEFAULT_MODEL
 
         run = job.run
-        opts = Options.from_run(run)
-        algo = run.algorithm
-        model = run.model.model_path if run.model else DEFAULT_MODEL
+        opts = job.backend_settings if job.backend_settings is not None else LocalSettings()
         return {
-            "backend": "local",
-            "model": model,
-            "algorithm": asdict(algo),
-            "workflow": job.workflow.name,
-            "judges": [j.name for j in job.composer.judges],
-            "group_reward": job.group_reward.name if job.group_reward else None,
+            **job.describe(),
+            "model": run.model.model_path if run.model and run.model.model_path else DEFAULT_MODEL,
+            "algorithm_config": to_dict(run.algorithm),
             "output_dir": opts.output_dir,
         }

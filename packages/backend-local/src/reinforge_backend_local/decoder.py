@@ -103,7 +103,7 @@ class _Layer:
 class KVCache:
     """Keys and values for ``rows`` sequences and ``slots`` positions: one tensor each, all layers."""
 
-    def __init__(self, layers: int, rows: int, kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype):
+    def __init__(self, layers: int, rows: int, kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype) -> None:
         shape = (layers, rows, kv_heads, slots, head_dim)
         self.k = torch.empty(shape, dtype=dtype)
         self.v = torch.empty(shape, dtype=dtype)
@@ -120,7 +120,7 @@ class KVCache:
 class LlamaDecoder:
     """Prefill and one-token steps for a Llama-family causal LM; weights are read at ``session`` time."""
 
-    def __init__(self, model: Any, packer: Packer | None = None):
+    def __init__(self, model: Any, packer: Packer | None = None) -> None:
         reason = unsupported_reason(model)
         if reason:
             raise ValueError(f"the fast decoder does not support this model: {reason}")
@@ -165,7 +165,9 @@ class LlamaDecoder:
 class DecodeSession:
     """One batch: prefill (shared prefix, then each distinct prompt once), then steps with row compaction."""
 
-    def __init__(self, dec: LlamaDecoder, layers: list[_Layer], embed: torch.Tensor, norm: torch.Tensor, head: _Linear):
+    def __init__(
+        self, dec: LlamaDecoder, layers: list[_Layer], embed: torch.Tensor, norm: torch.Tensor, head: _Linear
+    ) -> None:
         self.dec = dec
         self.layers = layers
         self.embed = embed

@@ -24,7 +24,7 @@ ROUTE = "/rollouts/"
 class PolicyEndpoint:
     """Routes HTTP chat requests to the rollout they belong to."""
 
-    def __init__(self, model_name: str):
+    def __init__(self, model_name: str) -> None:
         self.model_name = model_name
         self._routes: dict[str, tuple[PolicyChatModel, Any]] = {}
         self._lock = threading.Lock()

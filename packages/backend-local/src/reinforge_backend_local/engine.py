@@ -84,7 +84,7 @@ class Engine:
         fast: bool = True,
         kv_cache_mb: float = 1024,
         packer: Any = None,
-    ):
+    ) -> None:
         from .decoder import LlamaDecoder, unsupported_reason
 
         self.model = model
@@ -223,7 +223,7 @@ def _kv_bytes_per_token(model: Any) -> int | None:
 class _HFSession:
     """The same interface as :class:`~.decoder.DecodeSession` over the model's own forward."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine) -> None:
         self.engine = engine
         model = engine.model
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -293,7 +293,7 @@ class MicroBatcher:
     their ``order_key`` inside a batch.
     """
 
-    def __init__(self, engine: Engine, *, window_s: float = 0.05):
+    def __init__(self, engine: Engine, *, window_s: float = 0.05) -> None:
         self.engine = engine
         self.window_s = window_s
         self.active = 0  # rollouts that may still call the model

@@ -8,7 +8,7 @@ from typing import Any
 
 
 class MetricsLog:
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True) -> None:
         self.path = run_dir / "metrics.jsonl"
         self._fh = open(self.path, "a")  # noqa: SIM115 - kept open for the run
         self._tb = None

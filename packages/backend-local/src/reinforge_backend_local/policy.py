@@ -16,7 +16,7 @@ SAMPLING_KEYS = {"temperature", "top_p", "max_tokens", "max_completion_tokens", 
 class ChatTemplate:
     """Renders OpenAI messages with the tokenizer's chat template into prompt token ids."""
 
-    def __init__(self, tokenizer: Any, max_model_len: int):
+    def __init__(self, tokenizer: Any, max_model_len: int) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
 
@@ -107,7 +107,7 @@ class PolicyChatModel:
         base_url: str | None = None,
         defaults: dict[str, Any] | None = None,
         on_release: Any = None,
-    ):
+    ) -> None:
         self.batcher = batcher
         self.template = template
         self.seed_key = seed_key
@@ -122,13 +122,17 @@ class PolicyChatModel:
         self._on_release = on_release
         batcher.rollout_started()
 
-    def prepare(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, sampling: dict[str, Any]):
+    def prepare(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, sampling: dict[str, Any]
+    ) -> GenRequest:
         """The generation request for this rollout's next call (in-process or over HTTP)."""
         prompt_ids = self.template.prompt_ids(messages, tools)
         index = next(self._calls)
         return sampling_request(prompt_ids, sampling, self.defaults, (*self.seed_key, index), (*self.order_key, index))
 
-    async def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **sampling: Any):
+    async def chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **sampling: Any
+    ) -> ChatResponse:
         request = self.prepare(messages, tools, sampling)
         result = await self.batcher.submit(request)
         return to_response(result, request.prompt_ids, self.version, self.model_name)

@@ -1,4 +1,4 @@
-"""One training run of the local backend, from model loading to the final report."""
+"""One training run of the local backend, from model loading to the summary."""
 
 from __future__ import annotations
 
@@ -6,20 +6,24 @@ import asyncio
 import json
 import math
 import random
-import signal
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from reinforge import ChatResponse
 from reinforge.config import ModelConfig
 from reinforge.errors import ConfigError
 from reinforge.evaluation import accuracy_of, check_accuracy_key
+from reinforge.lifecycle import RunContext, RunStatus
 from reinforge.models import RecordingChatModel
 
 from . import checkpoint, packing
+from .algorithms import resolve
 from .endpoint import PolicyEndpoint
 from .engine import Engine, MicroBatcher
 from .memory import limit_malloc_arenas
@@ -28,6 +32,11 @@ from .modeling import DEFAULT_MODEL, load_policy
 from .policy import ChatTemplate, PolicyChatModel
 from .trainer import Trainer, build_samples
 from .weights import attach_lora, merged_for_decode
+
+if TYPE_CHECKING:
+    from reinforge.job import TuneJob
+
+    from .backend import LocalSettings
 
 
 def _say(message: str) -> None:
@@ -47,7 +56,7 @@ class Policy:
         fast_decode: bool = True,
         kv_cache_mb: float = 1024,
         prepacked_weights: bool = True,
-    ):
+    ) -> None:
         self.config = mc
         limit_malloc_arenas()  # decode threads and the training thread share freed memory
         model, tokenizer, self.folder = load_policy(mc.model_path, dtype=mc.dtype)
@@ -75,7 +84,7 @@ class Policy:
         self.template = ChatTemplate(tokenizer, mc.max_model_len)
         self.endpoint = PolicyEndpoint(self.name).start()
 
-    def provider(self, seed_key: tuple, version: int, sampling: dict[str, Any]):
+    def provider(self, seed_key: tuple, version: int, sampling: dict[str, Any]) -> Callable[[Any], RecordingChatModel]:
         """A model provider for the runner: each trajectory gets its own recorded policy model."""
 
         def make(t: Any) -> RecordingChatModel:
@@ -101,13 +110,13 @@ class Policy:
 class StandaloneModel:
     """A ``ChatModel`` over the base policy for ``reinforge eval`` (no training)."""
 
-    def __init__(self, policy: Policy):
+    def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.policy.batcher.active = 1 << 30  # unknown callers: batch by time window
         self.model_name = policy.name
         self.base_url = None
 
-    async def chat(self, messages: list[dict[str, Any]], tools: Any = None, **sampling: Any):
+    async def chat(self, messages: list[dict[str, Any]], tools: Any = None, **sampling: Any) -> ChatResponse:
         from .policy import sampling_request, to_response
 
         prompt_ids = self.policy.template.prompt_ids(messages, tools)
@@ -121,18 +130,261 @@ def standalone_model(model_cfg: ModelConfig) -> StandaloneModel:
     return StandaloneModel(Policy(model_cfg, max_batch=64, window_s=0.05, lora=False))
 
 
+@dataclass
+class TrainState:
+    """Where training stands: the last finished step and the position in the shuffled data.
+
+    Saved as a checkpoint's ``state.json``; 0.2's files have the same keys and load as they are.
+    """
+
+    step: int = 0
+    epoch: int = 0  # passes over the train rows begun
+    offset: int = 0  # rows of this epoch's order already used
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TrainState:
+        return cls(**{f.name: int(data.get(f.name, 0)) for f in fields(cls)})
+
+
 class TrainingSession:
-    def __init__(self, job: Any, opts: Any):
+    """One training run: :meth:`setup`, :meth:`step` until done, :meth:`finish`; :meth:`train` runs them.
+
+    Everything happens inside the job's run lifecycle (``with job.running() as run``):
+    each step is reported with ``run.step_end``, each evaluation with ``run.eval_end``,
+    and the loop stops when ``run.stop_requested`` (an observer, or Ctrl-C).
+    Core sends ``on_run_end`` once, whatever ended the run.
+    """
+
+    def __init__(self, job: TuneJob, opts: LocalSettings | None = None) -> None:
+        from .backend import LocalBackend, LocalSettings
+
         self.job = job
         self.run = job.run
+        if opts is None:
+            opts = job.backend_settings
+            if not isinstance(opts, LocalSettings):
+                opts = LocalBackend().check_settings(self.run, where=self.run.source or "run")
         self.opts = opts
         self.algo = self.run.algorithm
+        self.algorithm_name, self.loss = resolve(self.algo, job.algorithm_settings, job.algorithm_name)
         if self.run.train_dataset is None:
             raise ConfigError(f"{self.run.where('train_dataset')}: the local backend needs a train_dataset")
         self.mc = self.run.model or ModelConfig(model_path=DEFAULT_MODEL)
-        self.stop_requested = False
+        self.state = TrainState()
+        self.status = RunStatus.FINISHED
+        self.first_eval: dict[str, Any] | None = None
+        self.last_eval: dict[str, Any] | None = None
+        self.ctx: RunContext | None = None
+        self.run_dir: Path | None = None
+        self.policy: Policy | None = None
+        self.trainer: Trainer | None = None
+        self.log: MetricsLog | None = None
+        self.progress = _Progress(0, enabled=False)
+        self.rows: list[dict] = []
+        self.eval_rows: list[dict] = []
+        self.total = 0
+        self.deadline: float | None = None
 
-    # -- set-up ------------------------------------------------------------------------------
+    # -- the run --------------------------------------------------------------------------------
+
+    def train(self) -> dict[str, Any]:
+        """Set up, train until done or stopped, finish; returns the summary."""
+        with self.job.running() as ctx:
+            self.ctx = ctx
+            try:
+                try:
+                    self.setup()
+                    if self.eval_rows and self.state.step == 0:
+                        self._evaluate(0)
+                    self.progress.start(self.state.step)
+                    while self._keep_going():
+                        try:
+                            self.step()
+                        except FloatingPointError as exc:
+                            self.status = RunStatus.DIVERGED
+                            last = checkpoint.latest(self.run_dir) if self.run_dir else None
+                            _say(
+                                f"step {self.state.step + 1}: {exc}; stopping. "
+                                f"Last good checkpoint: {last or 'none (none saved yet)'}"
+                            )
+                            break
+                    self.progress.stop()
+                    self.finish()
+                finally:
+                    self.close()
+            except BaseException:
+                # what the run got to, for observers; core records the status and the error
+                ctx.summary.update({k: v for k, v in self.summary().items() if k != "status"})
+                raise
+            summary = self.summary()
+            ctx.summary.update(summary)
+        if self.run_dir is not None:
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        _say(_summary_line(summary))
+        return summary
+
+    def setup(self) -> None:
+        """Data, run folder, policy, trainer, and the checkpoint to resume from."""
+        opts, algo, run = self.opts, self.algo, self.run
+        if opts.threads:
+            torch.set_num_threads(opts.threads)
+        torch.manual_seed(algo.seed)
+        random.seed(algo.seed)
+        check_accuracy_key(self.job)
+        self.rows = run.train_dataset.rows()
+        if not self.rows:
+            raise ConfigError(f"{run.where('train_dataset')}: the dataset is empty")
+        if run.eval_dataset is not None:
+            self.eval_rows = run.eval_dataset.rows()
+            if run.eval.limit is not None:
+                self.eval_rows = self.eval_rows[: run.eval.limit]
+        data = run.train_dataset
+        self.total = (
+            algo.total_steps or data.total_steps or data.total_epochs * math.ceil(len(self.rows) / algo.batch_size)
+        )
+        self.run_dir = run_dir = self._run_dir()
+        if self.ctx is not None:
+            self.ctx.set_run_dir(run_dir)
+        self.policy = policy = Policy(
+            self.mc,
+            max_batch=opts.max_batch,
+            window_s=opts.window_s,
+            lora=True,
+            fast_decode=opts.fast_decode,
+            kv_cache_mb=opts.kv_cache_mb,
+            prepacked_weights=opts.prepacked_weights,
+        )
+        self.trainer = trainer = Trainer(
+            policy.model,
+            algo,
+            self.loss,
+            name=self.algorithm_name,
+            temperature=self.mc.temperature,
+            pad_id=policy.engine.pad_id,
+            micro_batch=opts.micro_batch,
+            micro_batch_tokens=opts.micro_batch_tokens,
+            peft=policy.peft,
+        )
+        if not policy.peft and self.loss.kl_coef > 0:
+            import copy
+
+            trainer.reference = copy.deepcopy(policy.model).requires_grad_(False).eval()
+        if opts.resume:
+            ckpt = Path(opts.resume) if (Path(opts.resume) / "state.json").exists() else checkpoint.latest(run_dir)
+            if ckpt is None:
+                raise ConfigError(f"--resume: {run_dir} has no checkpoint")
+            saved = checkpoint.load(ckpt, model=policy.model, optimizer=trainer.optimizer, peft=policy.peft)
+            self.state = TrainState.from_json(saved)
+            _trim_metrics(run_dir / "metrics.jsonl", self.state.step)
+            _say(f"resumed from {ckpt} at step {self.state.step}")
+        else:
+            from reinforge.config import to_dict
+
+            (run_dir / "config.json").write_text(json.dumps(to_dict(run), indent=2, default=str))
+        self.log = MetricsLog(run_dir, tensorboard=opts.tensorboard)
+        self.progress = _Progress(self.total, enabled=opts.progress)
+        self.deadline = time.monotonic() + opts.max_minutes * 60 if opts.max_minutes else None
+        _say(f"run folder {run_dir}; policy endpoint {policy.endpoint.root_url}/rollouts/<id>/v1")
+
+    def _keep_going(self) -> bool:
+        if self.state.step >= self.total:
+            return False
+        if self.ctx is not None and self.ctx.stop_requested:
+            return False
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            _say(f"time budget of {self.opts.max_minutes:g} min reached at step {self.state.step}")
+            return False
+        return True
+
+    def step(self) -> dict[str, Any]:
+        """One step: rollouts of the next batch, one update, then report, save and evaluate as configured.
+
+        Returns the step's metrics record (what ``metrics.jsonl`` and ``on_step_end`` get).
+        :raises FloatingPointError: the loss or the gradients were not finite (no update was made).
+        """
+        policy, trainer, algo, state = self.policy, self.trainer, self.algo, self.state
+        assert policy is not None and trainer is not None and self.log is not None, "setup() first"
+        step = state.step + 1
+        t0 = time.perf_counter()
+        tasks = self._next_batch()
+        decode_before = policy.engine.stats.seconds, policy.engine.stats.completion_tokens
+        provider = policy.provider((algo.seed, step), step - 1, self.mc.sampling())
+        runner = self.job.make_runner(model_provider=provider)
+        result = self._rollouts(runner, tasks)
+        t_roll = time.perf_counter() - t0
+        samples = build_samples(result, algo, self.loss, name=self.algorithm_name)
+        train_metrics = trainer.step(samples)
+        state.step = step
+        dec_s = policy.engine.stats.seconds - decode_before[0]
+        dec_tok = policy.engine.stats.completion_tokens - decode_before[1]
+        step_s = time.perf_counter() - t0
+        record = {
+            "kind": "train",
+            "step": step,
+            "time": time.time(),
+            **result.metrics,
+            **train_metrics,
+            "zero_variance_groups": float(samples.zero_variance_groups),
+            "tokens_per_s": dec_tok / dec_s if dec_s else 0.0,
+            "step_seconds": step_s,
+            "time/rollout": t_roll,
+            "time/decode": dec_s,
+            "time/overhead": step_s - t_roll - train_metrics.get("time/train", 0.0),
+        }
+        self.log.write(record)
+        if self.ctx is not None:
+            self.ctx.step_end(record, step=step)
+        self.progress.update(step, record)
+        if algo.save_interval_steps and step % algo.save_interval_steps == 0:
+            self._save()
+        if self.eval_rows and algo.eval_interval_steps and step % algo.eval_interval_steps == 0 and step < self.total:
+            self._evaluate(step, say=self.progress.note)
+        return record
+
+    def finish(self) -> None:
+        """After the last step: the final checkpoint and evaluation (not after a divergence or Ctrl-C)."""
+        if self.status == RunStatus.DIVERGED:
+            return
+        self._save()
+        ctx, step = self.ctx, self.state.step
+        if ctx is not None and ctx.stop_requested:
+            interrupted = ctx.summary.get("status") == RunStatus.INTERRUPTED
+            self.status = RunStatus.INTERRUPTED if interrupted else RunStatus.STOPPED
+            _say(f"stopped at step {step}: {ctx.stop_reason}; resume with: --resume {self.run_dir}")
+            if interrupted:
+                return  # the user wants out: no evaluation
+        if self.eval_rows and (self.last_eval is None or self.last_eval["step"] != step):
+            self._evaluate(step)
+
+    def close(self) -> None:
+        """Release what :meth:`setup` opened (idempotent)."""
+        if self.log is not None:
+            self.log.close()
+            self.log = None
+        if self.policy is not None:
+            self.policy.close()
+            self.policy = None
+
+    def summary(self) -> dict[str, Any]:
+        first, last = self.first_eval, self.last_eval
+        out: dict[str, Any] = {
+            "status": self.status,
+            "run_dir": str(self.run_dir) if self.run_dir is not None else None,
+            "steps": self.state.step,
+            "accuracy_before": first and first.get("accuracy/greedy"),
+            "accuracy_after": last and last.get("accuracy/greedy"),
+            "sampled_accuracy_before": first and first.get("accuracy/sampled"),
+            "sampled_accuracy_after": last and last.get("accuracy/sampled"),
+            "write_report": self.opts.report,
+        }
+        if self.ctx is not None and self.ctx.stop_reason is not None:
+            out["stop_reason"] = self.ctx.stop_reason
+        return out
+
+    # -- parts ----------------------------------------------------------------------------------
 
     def _run_dir(self) -> Path:
         if self.opts.resume:
@@ -157,189 +409,61 @@ class TrainingSession:
         random.Random(self.algo.seed * 1000003 + epoch).shuffle(order)
         return order
 
-    def _next_batch(self, rows: list[dict], state: dict[str, Any]) -> list[dict]:
-        batch = []
-        while len(batch) < self.algo.batch_size:
-            order = self._order(state["epoch"], len(rows))
-            take = order[state["offset"] : state["offset"] + self.algo.batch_size - len(batch)]
+    def _next_batch(self) -> list[dict]:
+        rows, state, size = self.rows, self.state, self.algo.batch_size
+        batch: list[dict] = []
+        while len(batch) < size:
+            order = self._order(state.epoch, len(rows))
+            take = order[state.offset : state.offset + size - len(batch)]
             batch += [rows[i] for i in take]
-            state["offset"] += len(take)
-            if state["offset"] >= len(rows):
-                state["epoch"] += 1
-                state["offset"] = 0
+            state.offset += len(take)
+            if state.offset >= len(rows):
+                state.epoch += 1
+                state.offset = 0
         return batch
 
-    # -- phases --------------------------------------------------------------------------------
-
-    def _rollouts(self, policy: Policy, runner: Any, tasks: list[dict]) -> Any:
-        with merged_for_decode(policy.model, policy.peft):
+    def _rollouts(self, runner: Any, tasks: list[dict]) -> Any:
+        assert self.policy is not None
+        with merged_for_decode(self.policy.model, self.policy.peft):
             return asyncio.run(runner.run_batch(tasks))
 
-    def evaluate(self, policy: Policy, rows: list[dict], step: int) -> dict[str, Any]:
+    def evaluate(self, rows: list[dict], step: int) -> dict[str, Any]:
+        """Greedy and sampled accuracy of the current policy on ``rows`` (one rollout each)."""
+        assert self.policy is not None
         record: dict[str, Any] = {"kind": "eval", "step": step, "time": time.time()}
         key, threshold = self.run.eval.accuracy_key, self.run.eval.threshold
         for mode, temperature in (("greedy", 0.0), ("sampled", self.mc.temperature)):
             sampling = {**self.mc.sampling(), "temperature": temperature}
-            provider = policy.provider(("eval", mode, self.algo.seed, step), step, sampling)
+            provider = self.policy.provider(("eval", mode, self.algo.seed, step), step, sampling)
             runner = self.job.make_runner(model_provider=provider, group_size=1, sampling=sampling)
-            result = self._rollouts(policy, runner, rows)
+            result = self._rollouts(runner, rows)
             record[f"accuracy/{mode}"] = accuracy_of(result, key, threshold)
             if mode == "greedy":
                 record.update({k: v for k, v in result.metrics.items() if not k.startswith("count/")})
         return record
 
-    def train(self) -> dict[str, Any]:
-        opts, algo, run = self.opts, self.algo, self.run
-        if opts.threads:
-            torch.set_num_threads(opts.threads)
-        torch.manual_seed(algo.seed)
-        random.seed(algo.seed)
-        check_accuracy_key(self.job)
-        rows = run.train_dataset.rows()
-        if not rows:
-            raise ConfigError(f"{run.where('train_dataset')}: the dataset is empty")
-        eval_rows = []
-        if run.eval_dataset is not None:
-            eval_rows = run.eval_dataset.rows()
-            if run.eval.limit is not None:
-                eval_rows = eval_rows[: run.eval.limit]
-        total = run.train_dataset.total_steps or run.train_dataset.total_epochs * math.ceil(len(rows) / algo.batch_size)
-        run_dir = self._run_dir()
-        policy = Policy(
-            self.mc,
-            max_batch=opts.max_batch,
-            window_s=opts.window_s,
-            lora=True,
-            fast_decode=opts.fast_decode,
-            kv_cache_mb=opts.kv_cache_mb,
-            prepacked_weights=opts.prepacked_weights,
+    def _evaluate(self, step: int, say: Any = None) -> dict[str, Any]:
+        record = self.evaluate(self.eval_rows, step)
+        if step == 0:
+            self.first_eval = record
+        self.last_eval = record
+        assert self.log is not None
+        self.log.write(record)
+        if self.ctx is not None:
+            self.ctx.eval_end(record, step=step)
+        (say or _say)(_eval_line(record))
+        return record
+
+    def _save(self) -> None:
+        assert self.run_dir is not None and self.policy is not None and self.trainer is not None
+        folder = self.run_dir / "checkpoints" / f"step-{self.state.step}"
+        checkpoint.save(
+            folder,
+            model=self.policy.model,
+            optimizer=self.trainer.optimizer,
+            state=self.state.to_json(),
+            peft=self.policy.peft,
         )
-        trainer = Trainer(
-            policy.model,
-            algo,
-            temperature=self.mc.temperature,
-            pad_id=policy.engine.pad_id,
-            micro_batch=opts.micro_batch,
-            micro_batch_tokens=opts.micro_batch_tokens,
-            peft=policy.peft,
-        )
-        if not policy.peft and algo.kl_coef > 0:
-            import copy
-
-            trainer.reference = copy.deepcopy(policy.model).requires_grad_(False).eval()
-        state: dict[str, Any] = {"step": 0, "epoch": 0, "offset": 0}
-        if opts.resume:
-            ckpt = Path(opts.resume) if (Path(opts.resume) / "state.json").exists() else checkpoint.latest(run_dir)
-            if ckpt is None:
-                raise ConfigError(f"--resume: {run_dir} has no checkpoint")
-            state = checkpoint.load(ckpt, model=policy.model, optimizer=trainer.optimizer, peft=policy.peft)
-            _trim_metrics(run_dir / "metrics.jsonl", state["step"])
-            _say(f"resumed from {ckpt} at step {state['step']}")
-        else:
-            from reinforge.config import to_dict
-
-            (run_dir / "config.json").write_text(json.dumps(to_dict(run), indent=2, default=str))
-        log = MetricsLog(run_dir, tensorboard=opts.tensorboard)
-        hook = self.job.hook
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
-        _say(f"run folder {run_dir}; policy endpoint {policy.endpoint.root_url}/rollouts/<id>/v1")
-        first_eval = last_eval = None
-        status = "finished"
-        try:
-            if eval_rows and state["step"] == 0:
-                first_eval = last_eval = self.evaluate(policy, eval_rows, 0)
-                log.write(first_eval)
-                _say(_eval_line(first_eval))
-            progress = _Progress(total, enabled=opts.progress)
-            progress.start(state["step"])
-            deadline = time.monotonic() + opts.max_minutes * 60 if opts.max_minutes else None
-            while state["step"] < total and not self.stop_requested:
-                if deadline is not None and time.monotonic() > deadline:
-                    _say(f"time budget of {opts.max_minutes:g} min reached at step {state['step']}")
-                    break
-                step = state["step"] + 1
-                t0 = time.perf_counter()
-                tasks = self._next_batch(rows, state)
-                decode_before = policy.engine.stats.seconds, policy.engine.stats.completion_tokens
-                provider = policy.provider((algo.seed, step), step - 1, self.mc.sampling())
-                runner = self.job.make_runner(model_provider=provider)
-                result = self._rollouts(policy, runner, tasks)
-                t_roll = time.perf_counter() - t0
-                samples = build_samples(result, algo)
-                try:
-                    train_metrics = trainer.step(samples)
-                except FloatingPointError as exc:
-                    status = "diverged"
-                    ckpt = checkpoint.latest(run_dir)
-                    _say(f"step {step}: {exc}; stopping. Last good checkpoint: {ckpt or 'none (none saved yet)'}")
-                    break
-                state["step"] = step
-                dec_s = policy.engine.stats.seconds - decode_before[0]
-                dec_tok = policy.engine.stats.completion_tokens - decode_before[1]
-                step_s = time.perf_counter() - t0
-                record = {
-                    "kind": "train",
-                    "step": step,
-                    "time": time.time(),
-                    **result.metrics,
-                    **train_metrics,
-                    "zero_variance_groups": float(samples.zero_variance_groups),
-                    "tokens_per_s": dec_tok / dec_s if dec_s else 0.0,
-                    "step_seconds": step_s,
-                    "time/rollout": t_roll,
-                    "time/decode": dec_s,
-                    "time/overhead": step_s - t_roll - train_metrics.get("time/train", 0.0),
-                }
-                log.write(record)
-                if hook is not None:
-                    hook.on_step_end(step=step, metrics=record)
-                progress.update(step, record)
-                if algo.save_interval_steps and step % algo.save_interval_steps == 0:
-                    self._save(run_dir, policy, trainer, state)
-                if eval_rows and algo.eval_interval_steps and step % algo.eval_interval_steps == 0 and step < total:
-                    last_eval = self.evaluate(policy, eval_rows, step)
-                    log.write(last_eval)
-                    progress.note(_eval_line(last_eval))
-            progress.stop()
-            if status == "finished":
-                self._save(run_dir, policy, trainer, state)
-                if self.stop_requested:
-                    status = "interrupted"
-                    _say(f"stopped at step {state['step']}; resume with: --resume {run_dir}")
-                elif eval_rows and (last_eval is None or last_eval["step"] != state["step"]):
-                    last_eval = self.evaluate(policy, eval_rows, state["step"])
-                    log.write(last_eval)
-                    _say(_eval_line(last_eval))
-        finally:
-            signal.signal(signal.SIGINT, previous)
-            log.close()
-            policy.close()
-        summary = {
-            "status": status,
-            "run_dir": str(run_dir),
-            "steps": state["step"],
-            "accuracy_before": first_eval and first_eval.get("accuracy/greedy"),
-            "accuracy_after": last_eval and last_eval.get("accuracy/greedy"),
-            "sampled_accuracy_before": first_eval and first_eval.get("accuracy/sampled"),
-            "sampled_accuracy_after": last_eval and last_eval.get("accuracy/sampled"),
-        }
-        if opts.report and status != "diverged":
-            summary["report"] = _report(run_dir)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        if hook is not None:
-            hook.on_run_end(summary=summary)
-        _say(_summary_line(summary))
-        return summary
-
-    def _save(self, run_dir: Path, policy: Policy, trainer: Trainer, state: dict[str, Any]) -> None:
-        folder = run_dir / "checkpoints" / f"step-{state['step']}"
-        checkpoint.save(folder, model=policy.model, optimizer=trainer.optimizer, state=dict(state), peft=policy.peft)
-
-    def _on_sigint(self, signum: int, frame: Any) -> None:
-        if self.stop_requested:
-            raise KeyboardInterrupt
-        self.stop_requested = True
-        _say("stopping after this step and saving a checkpoint (Ctrl-C again to abort now)")
 
 
 def _trim_metrics(path: Path, step: int) -> None:
@@ -366,28 +490,15 @@ def _summary_line(summary: dict[str, Any]) -> str:
         f"{summary['status']} after {summary['steps']} steps; held-out greedy accuracy "
         f"{_pct(summary['accuracy_before'])} -> {_pct(summary['accuracy_after'])}; run folder {summary['run_dir']}"
     )
-    if summary.get("report"):
-        line += f"; report {summary['report']}"
+    if summary.get("stop_reason"):
+        line += f"; stopped: {summary['stop_reason']}"
     return line
-
-
-def _report(run_dir: Path) -> str | None:
-    try:
-        from reinforge.report import write_report
-    except ImportError:
-        return None
-    try:
-        result = write_report(run_dir)
-    except Exception as exc:  # a report problem must not lose the run
-        _say(f"could not write the report: {exc}")
-        return None
-    return str(getattr(result, "html", None) or getattr(result, "png", None) or run_dir / "report")
 
 
 class _Progress:
     """A rich progress bar with step, reward, tokens/s and ETA; plain lines when rich is missing."""
 
-    def __init__(self, total: int, enabled: bool):
+    def __init__(self, total: int, enabled: bool) -> None:
         self.total = total
         self.enabled = enabled
         self._bar = None

@@ -20,7 +20,7 @@ import torch
 
 from reinforge.runner import BatchResult
 
-from .algorithms import advantages, zero_variance
+from .algorithms import LossSettings, advantages, resolve, zero_variance
 
 
 @dataclass
@@ -40,12 +40,21 @@ class Samples:
     advantages: list[float] = field(default_factory=list)
 
 
-def build_samples(result: BatchResult, algo: Any) -> Samples:
-    """Advantages per group, then one sample per recorded model call."""
+def build_samples(
+    result: BatchResult, algo: Any, settings: LossSettings | None = None, *, name: str | None = None
+) -> Samples:
+    """Advantages per group, then one sample per recorded model call.
+
+    :param algo: core's ``AlgorithmConfig``.
+    :param settings: the algorithm's loss settings (``job.algorithm_settings``); by default
+        checked from ``algo``'s own keys.
+    :param name: the canonical algorithm name (``job.algorithm_name``); by default from ``algo``.
+    """
+    name, settings = resolve(algo, settings, name)
     out = Samples()
     groups = [g for g in result.groups if g.kept]
     out.groups = len(groups)
-    group_relative = algo.algorithm_type != "reinforce_pp"
+    group_relative = name != "reinforce_pp"
     scored = []
     for g in groups:
         rewards = [float(t.reward) for t in g.kept]
@@ -55,8 +64,8 @@ def build_samples(result: BatchResult, algo: Any) -> Samples:
         scored.append((g, rewards))
     if not scored:
         return out
-    advs = advantages(algo.algorithm_type, [r for _, r in scored], algo.scale_rewards)
-    multi_step = algo.algorithm_type == "multi_step_grpo"
+    advs = advantages(name, [r for _, r in scored], settings.scale)
+    multi_step = name == "multi_step_grpo"
     for (g, _), group_adv in zip(scored, advs):
         for t, adv in zip(g.kept, group_adv):
             calls = [c for c in t.calls if c.completion_token_ids]
@@ -100,21 +109,31 @@ def _micro_batches(samples: list[Sample], size: int, max_tokens: int | None = No
 
 
 class Trainer:
-    """Owns the optimizer; ``step`` runs ``ppo_epochs`` passes over one batch of samples."""
+    """Owns the optimizer; ``step`` runs ``ppo_epochs`` passes over one batch of samples.
+
+    :param algo: core's ``AlgorithmConfig`` (``learning_rate``; the loss keys given to it
+        are checked when ``settings`` is not passed).
+    :param settings: the algorithm's :class:`~reinforge_backend_local.algorithms.LossSettings`
+        (``job.algorithm_settings``).
+    :param name: the canonical algorithm name (``job.algorithm_name``).
+    """
 
     def __init__(
         self,
         model: Any,
         algo: Any,
+        settings: LossSettings | None = None,
         *,
+        name: str | None = None,
         temperature: float,
         pad_id: int,
         micro_batch: int = 8,
         micro_batch_tokens: int | None = 1024,
         peft: bool,
-    ):
+    ) -> None:
         self.model = model
         self.algo = algo
+        self.name, self.settings = resolve(algo, settings, name)
         self.temperature = temperature if temperature > 0 else 1.0
         self.pad_id = pad_id
         self.micro_batch = micro_batch
@@ -163,11 +182,11 @@ class Trainer:
 
     def _batch_loss(self, batch: list[Sample], total_w_tokens: float, total_w_seqs: float) -> tuple[Any, dict]:
         """This micro-batch's share of the step loss, and its token statistics."""
-        algo = self.algo
-        low = algo.clip_range
-        high = algo.clip_range_high if algo.clip_range_high is not None else algo.clip_range
+        opts = self.settings
+        low = opts.clip_range
+        high = opts.clip_range_high if opts.clip_range_high is not None else opts.clip_range
         tr = time.perf_counter()
-        ref = self._reference_logprobs(batch) if algo.kl_coef > 0 else None
+        ref = self._reference_logprobs(batch) if opts.kl_coef > 0 else None
         ref_s = time.perf_counter() - tr
         logp, entropy, cmask = self._forward_logprobs(self.model, batch)
         comp = cmask.shape[1]
@@ -177,7 +196,7 @@ class Trainer:
         adv = torch.tensor([s.advantage for s in batch], device=logp.device).unsqueeze(1)
         weight = torch.tensor([s.weight for s in batch], device=logp.device).unsqueeze(1)
         log_ratio = (logp - old) * cmask
-        if algo.algorithm_type == "gspo":
+        if self.name == "gspo":
             # one ratio per sequence: the geometric mean of its token ratios
             lengths = cmask.sum(1, keepdim=True).clamp(min=1)
             ratio = torch.exp(log_ratio.sum(1, keepdim=True) / lengths).expand_as(logp)
@@ -192,9 +211,9 @@ class Trainer:
         if ref is not None:
             d = ref - logp
             kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
-            per_token = per_token + algo.kl_coef * kl
+            per_token = per_token + opts.kl_coef * kl
             stats["kl"] = float((kl.detach() * cmask).sum())
-        if algo.loss_agg_mode == "sequence-mean":
+        if opts.loss_agg_mode == "sequence-mean":
             per_seq = (per_token * cmask).sum(1) / cmask.sum(1).clamp(min=1)
             loss = (per_seq * weight.squeeze(1)).sum() / total_w_seqs
         else:
@@ -220,14 +239,14 @@ class Trainer:
             return sum(float(self._batch_loss(b, *totals)[0]) for b in self._split(samples.items))
 
     def step(self, samples: Samples) -> dict[str, float]:
-        algo = self.algo
+        opts = self.settings
         items = samples.items
         if not items:
             return {"train/skipped_step": 1.0}
         self.model.train()
         t0 = time.perf_counter()
         totals = self._totals(items)
-        epochs = max(1, algo.ppo_epochs)
+        epochs = max(1, opts.ppo_epochs)
         sums = {
             "loss": 0.0,
             "kl": 0.0,
@@ -251,7 +270,7 @@ class Trainer:
                     sums["loss"] += float(loss.detach()) / epochs
                     for key in ("kl", "entropy", "clip_frac", "ratio", "tokens", "seq_tokens"):
                         sums[key] += stats.get(key, 0.0) / epochs
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, algo.max_grad_norm))
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, opts.max_grad_norm))
                 if not (math.isfinite(grad_norm) and math.isfinite(sums["loss"])):
                     self.optimizer.zero_grad(set_to_none=True)
                     raise FloatingPointError(f"loss is {sums['loss']}, gradient norm {grad_norm}")

@@ -1,0 +1,266 @@
+"""Acceptance test of core 0.3's backend API, from both sides.
+
+A third-party backend package is written to a temporary folder, built into a
+wheel by hatchling, installed by pip into a private folder and used from fresh
+``python -m reinforge`` processes that see it through ``PYTHONPATH`` (as core's
+test of the plugin template does): its own algorithm and keys pass
+``tune --dry-run``, the same run on ``--backend local`` is refused with the local
+backend's algorithms listed, and a wrong type in its settings names the key and
+the file. The local backend's own ``backend_args`` are checked the same way,
+before any model loads.
+
+Needs ``hatchling`` and ``pip`` in the test environment (the root pyproject's
+``test`` dependency group).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reinforge import cli
+
+TIMEOUT = 120
+DIST = "reinforge-backend-toy"
+
+PYPROJECT = """\
+[build-system]
+requires = ["hatchling>=1.21"]
+build-backend = "hatchling.build"
+
+[project]
+name = "reinforge-backend-toy"
+version = "0.1.0"
+requires-python = ">=3.10"
+dependencies = ["reinforge>=0.3,<0.4"]
+
+[project.entry-points.reinforge]
+reinforge-backend-toy = "reinforge_backend_toy.plugin"
+
+[tool.hatch.build.targets.wheel]
+packages = ["src/reinforge_backend_toy"]
+"""
+
+PLUGIN = '''\
+"""A third-party backend: one algorithm with keys of its own."""
+
+from dataclasses import dataclass
+
+from reinforge.plugin import Backend, Settings, at_least, hookimpl, one_of
+
+
+@dataclass
+class MyAlgoSettings(Settings):
+    temperature_schedule: str = "flat"
+    beta: float = 0.1
+
+    def check(self):
+        one_of("temperature_schedule", self.temperature_schedule, ("flat", "cosine"))
+        at_least("beta", self.beta, 0.0)
+
+
+@dataclass
+class ToySettings(Settings):
+    workers: int = 1
+
+
+class ToyBackend(Backend):
+    name = "toy"
+    settings = ToySettings
+    algorithms = {"my_algo": MyAlgoSettings}
+
+    def run(self, job):
+        return {"status": "finished", "steps": 0}
+
+
+@hookimpl
+def register_backends(register):
+    register("toy", ToyBackend)
+'''
+
+FLOW = """\
+from reinforge import JudgeOutput, WorkflowOutput
+
+
+async def workflow(task, model):
+    return WorkflowOutput(response=await model.chat([{"role": "user", "content": task["question"]}]))
+
+
+def judge(task, response):
+    return JudgeOutput(reward=1.0)
+"""
+
+RUN = """\
+workflow: {flow}:workflow
+judges: [{flow}:judge]
+train_dataset: {{path: data.jsonl}}
+model: {{model_path: {model}}}
+algorithm:
+{algorithm}
+"""
+
+MY_ALGO = "  algorithm_type: my_algo\n  group_size: 2\n  temperature_schedule: cosine\n  beta: 0.2\n"
+
+
+def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, check: bool = True):
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc
+
+
+def _require(module: str) -> None:
+    if importlib.util.find_spec(module) is None:
+        pytest.fail(
+            f"this test needs {module!r} in the test environment (root pyproject.toml, dependency group 'test')",
+            pytrace=False,
+        )
+
+
+def _env(*paths: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"REINFORGE_LOAD_PLUGINS", "PYTHONPATH"}}
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
+    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    return env
+
+
+def _write_run(folder: Path, name: str, *, algorithm: str, backend_args: str = "", model: str = "no-such-model"):
+    text = RUN.format(flow="toyflow", model=model, algorithm=algorithm.rstrip("\n"))
+    if backend_args:
+        text += f"backend_args: {backend_args}\n"
+    path = folder / name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory) -> dict[str, Path]:
+    """The toy backend built into a wheel and installed into a private folder; a project folder using it."""
+    _require("hatchling")
+    _require("pip")
+    root = tmp_path_factory.mktemp("backend_api")
+    src = root / "toy"
+    package = src / "src" / "reinforge_backend_toy"
+    package.mkdir(parents=True)
+    (src / "pyproject.toml").write_text(PYPROJECT)
+    (package / "__init__.py").write_text('"""A toy reinforge backend."""\n')
+    (package / "plugin.py").write_text(PLUGIN)
+    out = src / "dist"
+    _run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)], cwd=src)
+    (wheel,) = out.glob("*.whl")
+    site = root / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--target", str(site)]
+    _run([*pip, str(wheel)], cwd=src)
+    project = root / "project"
+    project.mkdir()
+    (project / "toyflow.py").write_text(FLOW)
+    (project / "data.jsonl").write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
+    return {"site": site, "project": project}
+
+
+def _tune(toy: dict[str, Path], run_file: Path, *args: str):
+    command = [sys.executable, "-m", "reinforge", "tune", str(run_file), *args, "--dry-run"]
+    return _run(command, cwd=toy["project"], env=_env(toy["site"]), check=False)
+
+
+def test_a_third_party_backend_takes_its_own_algorithm_and_keys(toy):
+    run_file = _write_run(toy["project"], "run.yaml", algorithm=MY_ALGO)
+    plugins = _run([sys.executable, "-m", "reinforge", "plugins"], cwd=toy["project"], env=_env(toy["site"]))
+    assert DIST in plugins.stdout and "backends: toy" in plugins.stdout, plugins.stdout
+
+    proc = _tune(toy, run_file, "--backend", "toy")
+    assert proc.returncode == 0, proc.stderr
+    described = json.loads(proc.stdout)
+    assert described["backend"] == "toy" and described["algorithm"] == "my_algo"
+    assert described["algorithm_settings"] == {"temperature_schedule": "cosine", "beta": 0.2}
+    assert described["backend_settings"] == {"workers": 1}
+
+
+def test_the_same_run_on_the_local_backend_lists_the_local_algorithms(toy):
+    run_file = _write_run(toy["project"], "run.yaml", algorithm=MY_ALGO)
+    proc = _tune(toy, run_file, "--backend", "local")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert str(run_file.resolve()) in proc.stderr, proc.stderr
+    assert "backend 'local' has no algorithm 'my_algo'" in proc.stderr, proc.stderr
+    assert "its algorithms: grpo, gspo, multi_step_grpo, ppo, reinforce_pp, rloo" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "backend_args", "message"),
+    [
+        (MY_ALGO, "{workers: two}", "backend_args.workers: expected an integer, got str 'two'"),
+        (MY_ALGO.replace("0.2", "high"), "", "algorithm.beta: expected a number, got str 'high'"),
+        (MY_ALGO.replace("cosine", "linear"), "", "algorithm.temperature_schedule: must be one of flat, cosine"),
+        (MY_ALGO + "  kl_coef: 0.1\n", "", "unknown key 'algorithm.kl_coef'"),
+    ],
+)
+def test_a_wrong_key_of_the_third_party_backend_names_the_key_and_the_file(toy, algorithm, backend_args, message):
+    run_file = _write_run(toy["project"], "bad.yaml", algorithm=algorithm, backend_args=backend_args)
+    proc = _tune(toy, run_file, "--backend", "toy")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"{run_file.resolve()}: {message}" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_wrong_type_in_local_backend_args_fails_before_any_model_loads(tmp_path, monkeypatch, capsys, dry_run):
+    from reinforge_backend_local import modeling, session
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(modeling, "load_policy", no_model)
+    monkeypatch.setattr(session, "load_policy", no_model)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "toyflow_mb.py").write_text(FLOW)
+    (tmp_path / "data.jsonl").write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
+    run_file = tmp_path / "run.yaml"
+    text = RUN.format(flow="toyflow_mb", model="no-such-model", algorithm="  group_size: 2")
+    run_file.write_text(text + 'backend: local\nbackend_args: {micro_batch: "8"}\n')
+
+    code = cli.main(["tune", str(run_file), *(["--dry-run"] if dry_run else [])])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert f"{run_file.resolve()}: backend_args.micro_batch: expected an integer, got str '8'" in err, err
+
+
+def test_the_local_dry_run_describes_the_checked_settings(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "toyflow_dry.py").write_text(FLOW)
+    (tmp_path / "data.jsonl").write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
+    run_file = tmp_path / "run.yaml"
+    algorithm = "  algorithm_type: reinforce++\n  kl_coef: 0.05\n  batch_size: 4"
+    text = RUN.format(flow="toyflow_dry", model="no-such-model", algorithm=algorithm)
+    run_file.write_text(text + "backend_args: {micro_batch: 4, output_dir: out}\n")
+
+    assert cli.main(["tune", str(run_file), "--dry-run"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert described["backend"] == "local" and described["algorithm"] == "reinforce_pp"
+    assert described["algorithm_settings"]["kl_coef"] == 0.05 and "scale_rewards" not in described["algorithm_settings"]
+    assert described["backend_settings"]["micro_batch"] == 4 and described["output_dir"] == "out"
+    assert described["algorithm_config"]["batch_size"] == 4 and described["model"] == "no-such-model"
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_backend_declares_its_settings_and_algorithms():
+    from reinforge.plugin import Backend
+    from reinforge.plugins import build_registry, get_plugin_manager
+    from reinforge_backend_local.backend import LocalBackend, LocalSettings
+
+    comp = build_registry(get_plugin_manager()).get("backends", "local")
+    assert comp is not None and comp.obj is LocalBackend and issubclass(LocalBackend, Backend)
+    assert LocalBackend.name == "local" and LocalBackend.settings is LocalSettings
+    assert LocalBackend.algorithm_aliases == {"reinforce++": "reinforce_pp", "reinforce_plus_plus": "reinforce_pp"}
+    with pytest.raises(Exception, match=r"micro_batch: must be at least 1, got 0"):
+        LocalSettings(micro_batch=0)
