@@ -264,3 +264,21 @@ def test_the_backend_declares_its_settings_and_algorithms():
     assert LocalBackend.algorithm_aliases == {"reinforce++": "reinforce_pp", "reinforce_plus_plus": "reinforce_pp"}
     with pytest.raises(Exception, match=r"micro_batch: must be at least 1, got 0"):
         LocalSettings(micro_batch=0)
+
+
+def test_the_readme_documents_every_key_with_its_default():
+    from dataclasses import MISSING, fields
+
+    from reinforge_backend_local.algorithms import ALGORITHMS
+    from reinforge_backend_local.backend import LocalSettings
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in readme.splitlines() if line.startswith("| `")}
+    for cls in {LocalSettings, *ALGORITHMS.values()}:
+        for f in fields(cls):
+            row = rows.get(f"`{f.name}`")
+            assert row is not None, f"README has no table row for {cls.__name__}.{f.name}"
+            default = "null" if f.default is None else json.dumps(f.default).strip('"')
+            assert f.default is not MISSING and f"`{default}`" in row, (f.name, default, row)
+    for name in ALGORITHMS:
+        assert f"| `{name}` |" in readme, name

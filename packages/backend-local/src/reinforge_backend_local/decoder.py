@@ -30,7 +30,7 @@ MIN_SHARED_PREFIX = 4  # below this a separate prefix pass costs more than it sa
 def unsupported_reason(model: Any) -> str | None:
     """Why ``model`` cannot use the decoder, or ``None`` when it can."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cfg = getattr(base, "config", None)
+    cfg: Any = getattr(base, "config", None)
     kind = getattr(cfg, "model_type", None)
     if kind not in SUPPORTED_TYPES:
         return f"model type {kind!r} (the decoder knows {sorted(SUPPORTED_TYPES)})"
@@ -38,7 +38,7 @@ def unsupported_reason(model: Any) -> str | None:
         return f"activation {cfg.hidden_act!r}"
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return "sliding-window attention"
-    inner = getattr(base, "model", None)
+    inner: Any = getattr(base, "model", None)
     for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
         if not hasattr(inner, name):
             return f"no model.{name}"

@@ -210,7 +210,7 @@ class Engine:
 def _kv_bytes_per_token(model: Any) -> int | None:
     """Keys and values of one token, all layers, in the model's dtype (``None``: not a known config)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cfg = getattr(base, "config", None)
+    cfg: Any = getattr(base, "config", None)
     try:
         heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -234,14 +234,15 @@ class TrainingSession:
         torch.manual_seed(algo.seed)
         random.seed(algo.seed)
         check_accuracy_key(self.job)
-        self.rows = run.train_dataset.rows()
+        data = run.train_dataset
+        assert data is not None  # checked in __init__
+        self.rows = data.rows()
         if not self.rows:
             raise ConfigError(f"{run.where('train_dataset')}: the dataset is empty")
         if run.eval_dataset is not None:
             self.eval_rows = run.eval_dataset.rows()
             if run.eval.limit is not None:
                 self.eval_rows = self.eval_rows[: run.eval.limit]
-        data = run.train_dataset
         self.total = (
             algo.total_steps or data.total_steps or data.total_epochs * math.ceil(len(self.rows) / algo.batch_size)
         )
@@ -501,8 +502,8 @@ class _Progress:
     def __init__(self, total: int, enabled: bool) -> None:
         self.total = total
         self.enabled = enabled
-        self._bar = None
-        self._task = None
+        self._bar: Any = None
+        self._task: Any = None
 
     def start(self, done: int) -> None:
         if not self.enabled:

@@ -57,7 +57,7 @@ def build_samples(
     group_relative = name != "reinforce_pp"
     scored = []
     for g in groups:
-        rewards = [float(t.reward) for t in g.kept]
+        rewards = [_reward(t) for t in g.kept]
         if group_relative and (len(rewards) < 2 or zero_variance(rewards)):
             out.zero_variance_groups += 1
             continue
@@ -72,7 +72,7 @@ def build_samples(
             if not calls:
                 continue
             for call in calls:
-                if call.prompt_token_ids is None or call.logprobs is None:
+                if call.prompt_token_ids is None or call.completion_token_ids is None or call.logprobs is None:
                     raise ValueError("a recorded call has no token ids or logprobs; the local policy records both")
                 out.items.append(
                     Sample(
@@ -85,6 +85,12 @@ def build_samples(
                 )
             out.advantages.append(adv)
     return out
+
+
+def _reward(t: Any) -> float:
+    if t.reward is None:  # the runner keeps only scored trajectories
+        raise ValueError(f"kept trajectory {t.task_index}/{t.rollout_index} has no reward")
+    return float(t.reward)
 
 
 def _micro_batches(samples: list[Sample], size: int, max_tokens: int | None = None) -> list[list[Sample]]:
