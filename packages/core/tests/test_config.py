@@ -184,6 +184,7 @@ def test_dataset_hub_id_is_passed_as_is(monkeypatch: pytest.MonkeyPatch) -> None
         return datasets.Dataset.from_list(ROWS)
 
     monkeypatch.setattr(datasets, "load_dataset", fake)
+    monkeypatch.setattr("reinforge.config._hub_unreachable", lambda: None)  # no network needed: the call is faked
     assert DatasetConfig(path="openai/gsm8k", name="main", split="test").rows() == ROWS
     assert seen == [("openai/gsm8k", "main", "test")]
 

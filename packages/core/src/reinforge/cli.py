@@ -137,6 +137,17 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 # -- tune / eval ------------------------------------------------------------------------------
 
 
+def _dataset_rows(run: Any) -> dict[str, Any]:
+    """Load the run's datasets and count their rows (what ``tune --dry-run`` checks)."""
+    out: dict[str, Any] = {}
+    for key in ("train_dataset", "eval_dataset"):
+        ds = getattr(run, key)
+        if ds is None:
+            continue
+        out[key] = {"path": ds.path, "split": ds.split, "read": ds.describe(), "rows": len(ds.load())}
+    return out
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from .config import load_run
     from .job import build_job
@@ -146,9 +157,21 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.resume:
         run.backend_args = {**run.backend_args, "resume": args.resume}
     job = build_job(run, backend=args.backend, need_backend=True)
+    datasets: dict[str, Any] = {}
+    if args.dry_run:
+        try:
+            datasets = _dataset_rows(run)  # a dry run that passes must mean the data loads too
+        except BaseException:
+            job.close()
+            raise
     result = run_job(job, dry_run=args.dry_run)
     if args.dry_run:
-        print(json.dumps(result, indent=2, default=str) if not isinstance(result, str) else result)
+        if isinstance(result, dict):
+            print(json.dumps({**result, "datasets": datasets}, indent=2, default=str))
+        else:
+            print(result)
+            for key, info in datasets.items():
+                print(f"{key}: {info['rows']} rows ({info['read']})")
     return 0
 
 
@@ -164,19 +187,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
     report = evaluate(run, split=args.split, limit=args.limit, api_base=args.api_base, model_name=args.model_name)
     summary = report.summary()
     m = report.metrics
-    print(
-        f"eval {args.run_file}: split {report.split}, {report.tasks} tasks, {report.kept} scored, {report.seconds:.1f}s"
-    )
+    read = f"{report.dataset} (the whole file)" if report.split is None else f"split {report.split} of {report.dataset}"
+    print(f"eval {args.run_file}: {read}, {report.tasks} tasks, {report.kept} scored, {report.seconds:.1f}s")
     print(f"  accuracy ({report.accuracy_key} >= {report.threshold:g}): {_fmt(report.accuracy)}")
-    for dim in summary["dimensions"]:
+    for dim in report.dimensions:
         stats = "  ".join(f"{s} {_fmt(m.get(f'{dim}/{s}'))}" for s in ("mean", "std", "min", "max"))
         print(f"  {dim:<32} {stats}")
     counters = ", ".join(f"{k} {v}" for k, v in sorted(report.counters.items())) or "none"
     print(f"  counters: {counters}")
     if args.output:
+        records = report.trajectory_records()
         with open(args.output, "w") as fh:
-            json.dump({"summary": summary, "trajectories": [t.to_dict() for t in report.trajectories]}, fh, default=str)
-        print(f"  wrote {args.output}")
+            json.dump({"summary": summary, "trajectories": records}, fh, default=str)
+        print(f"  wrote {args.output} ({len(records)} trajectories, {report.discarded} discarded)")
     if args.json:
         print(json.dumps(summary, default=str))
     return 0
@@ -201,14 +224,58 @@ def _model_for_try(args: argparse.Namespace, spec: dict[str, Any] | None) -> Any
     return make_chat_model(ModelConfig(**{k: v for k, v in spec.items() if v is not None}))
 
 
-def _resolve(ref: str, role: str, settings: dict[str, Any]) -> Any:
-    from .plugins import build_registry, get_plugin_manager
-    from .refs import resolve
-    from .signatures import bind
+def _build(ref: str, role: str, settings: dict[str, Any], registry: Any, built: list[Any]) -> Any:
+    """The component for this command, built as for a run (a class is instantiated); closed by the caller."""
+    from .components import build_component
+    from .config import ComponentSpec
 
-    kinds = {"workflow": "workflows", "judge": "judges", "group_reward": "group_rewards"}
-    registry = build_registry(get_plugin_manager())
-    return bind(resolve(ref, kinds[role], registry, where="command line"), role, settings)
+    bound = build_component(ComponentSpec(ref=ref, args=settings), role, registry, where="command line")
+    built.append(bound)
+    return bound
+
+
+def _where_raised(exc: BaseException) -> str:
+    """`` (at file.py:12, in judge)``: the innermost frame outside reinforge and asyncio, for a one-line error."""
+    import traceback
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    frames = traceback.extract_tb(exc.__traceback__)
+    outside = [
+        f
+        for f in frames
+        if not os.path.abspath(f.filename).startswith(here + os.sep)
+        and f"{os.sep}asyncio{os.sep}" not in f.filename
+        and f"{os.sep}concurrent{os.sep}" not in f.filename
+        and not f.filename.endswith(f"{os.sep}threading.py")
+    ]
+    frame = (outside or frames or [None])[-1]
+    return f" (at {frame.filename}:{frame.lineno}, in {frame.name})" if frame is not None else ""
+
+
+def _call(label: str, coro: Any, timeout: float) -> Any:
+    """Run one call of a component; whatever goes wrong is a :class:`ReinforgeError` naming it (no traceback)."""
+    from .errors import ComponentError, attributed
+
+    start = time.perf_counter()
+    try:
+        return asyncio.run(asyncio.wait_for(coro, timeout))
+    except ReinforgeError as exc:
+        raise attributed(exc, label) from exc
+    except (asyncio.TimeoutError, TimeoutError) as exc:
+        if time.perf_counter() - start >= timeout:
+            raise ComponentError(f"{label} timed out after {timeout:g}s (--timeout)") from None
+        raise ComponentError(f"{label} raised {type(exc).__name__}: {exc}{_where_raised(exc)}") from None
+    except Exception as exc:
+        raise ComponentError(f"{label} raised {type(exc).__name__}: {exc}{_where_raised(exc)}") from None
+
+
+def _checked(fn: Any, label: str, out: Any, **kwargs: Any) -> Any:
+    from .errors import attributed
+
+    try:
+        return fn.check_output(out, **kwargs)
+    except ReinforgeError as exc:
+        raise attributed(exc, label) from exc
 
 
 def _print_message(msg: dict[str, Any], indent: str = "    ", limit: int = 2000) -> None:
@@ -243,10 +310,9 @@ def _print_calls(calls: list[Any]) -> None:
 
 
 def cmd_try(args: argparse.Namespace) -> int:
+    """Run one component on one input; exit 1 when it fails (FAILED, ERROR, raised, timed out, broke the contract)."""
     from .errors import ConfigError
-    from .models import RecordingChatModel
-    from .text import response_text
-    from .trajectory import Trajectory
+    from .plugins import build_registry, get_plugin_manager
     from .try_inputs import read_try_input
 
     role = ROLES[args.role]
@@ -254,22 +320,53 @@ def cmd_try(args: argparse.Namespace) -> int:
         settings = json.loads(args.args)
     except json.JSONDecodeError as exc:
         raise ConfigError(f"--args is not valid JSON: {exc}") from None
-    fn = _resolve(args.ref, role, settings)
-    inp = read_try_input(args.input, role)
-    for note in inp.notes:
-        print(f"note: {note}")
-    print(f"task: {json.dumps(inp.task, default=str)[:800]}")
+    if not isinstance(settings, dict):
+        raise ConfigError(f"--args must be a JSON object of settings, got {type(settings).__name__}")
+    registry = build_registry(get_plugin_manager())
+    built: list[Any] = []
+    try:
+        fn = _build(args.ref, role, settings, registry, built)
+        judges = [_build(ref, "judge", {}, registry, built) for ref in args.judge]
+        inp = read_try_input(args.input, role)
+        for note in inp.notes:
+            print(f"note: {note}")
+        print(f"task: {json.dumps(inp.task, default=str)[:800]}")
+        return _try(args, role, fn, judges, inp)
+    finally:
+        for bound in reversed(built):
+            bound.close()
+
+
+def _failed(label: str, out: Any) -> int:
+    """Exit status 1 and a message when an output is FAILED (transient: in a run it is retried, then discarded)."""
+    from .outputs import TaskStatus
+
+    if out.status is TaskStatus.SUCCESS:
+        return 0
+    print(
+        f"error: {label} returned {out.status.name}: {out.error or 'no message'} "
+        "(in a run it would be retried, then the sample discarded)",
+        file=sys.stderr,
+    )
+    return 1
+
+
+def _try(args: argparse.Namespace, role: str, fn: Any, judges: list[Any], inp: Any) -> int:
+    from .models import RecordingChatModel
+    from .text import response_text
+    from .trajectory import Trajectory
+
     rollout_seconds = inp.rollout_seconds
     score_seconds = 0.0
+    code = 0
     if role == "workflow":
+        label = f"workflow {fn.name}"
         traj = Trajectory(task=inp.task)
         model = RecordingChatModel(_model_for_try(args, inp.model), traj, inp.sampling)
         start = time.perf_counter()
-        out = fn.check_output(asyncio.run(asyncio.wait_for(fn.call(inp.task, model), args.timeout)))
+        out = _checked(fn, label, _call(label, fn.call(inp.task, model), args.timeout))
         rollout_seconds = time.perf_counter() - start
-        print(
-            f"workflow {fn.name}: status {out.status.value} in {rollout_seconds:.2f}s, {len(traj.calls)} model call(s)"
-        )
+        print(f"{label}: status {out.status.value} in {rollout_seconds:.2f}s, {len(traj.calls)} model call(s)")
         _print_calls(traj.calls)
         print(f"response: {response_text(out.response)}")
         if out.error:
@@ -277,39 +374,48 @@ def cmd_try(args: argparse.Namespace) -> int:
         if out.reward is not None:
             print(f"reward (set by the workflow; judges skipped): {out.reward}")
         _print_metrics(out.metrics)
-        for ref in args.judge:
-            judge = _resolve(ref, "judge", {})
+        code = _failed(label, out)
+        if code and judges:
+            print("judges not called: the workflow failed")
+            judges = []
+        for judge in judges:
+            jlabel = f"judge {judge.name}"
             start = time.perf_counter()
-            jout = judge.check_output(asyncio.run(judge.call(inp.task, out.response)))
+            jout = _checked(judge, jlabel, _call(jlabel, judge.call(inp.task, out.response), args.timeout))
             score_seconds += time.perf_counter() - start
-            print(f"judge {judge.name}: reward {jout.reward} status {jout.status.value}")
+            print(f"{jlabel}: reward {jout.reward} status {jout.status.value}")
             _print_metrics(jout.metrics)
+            code = _failed(jlabel, jout) or code
     elif role == "judge":
+        label = f"judge {fn.name}"
         start = time.perf_counter()
-        out = fn.check_output(asyncio.run(asyncio.wait_for(fn.call(inp.task, inp.response), args.timeout)))
+        out = _checked(fn, label, _call(label, fn.call(inp.task, inp.response), args.timeout))
         score_seconds = time.perf_counter() - start
         print(f"response: {response_text(inp.response)[:1000]}")
-        print(f"judge {fn.name}: reward {out.reward}, status {out.status.value} in {score_seconds:.3f}s")
+        print(f"{label}: reward {out.reward}, status {out.status.value} in {score_seconds:.3f}s")
         if out.error:
             print(f"error: {out.error}")
         _print_metrics(out.metrics)
+        code = _failed(label, out)
     else:
+        label = f"group reward {fn.name}"
         responses = inp.responses or []
         start = time.perf_counter()
-        raw = asyncio.run(asyncio.wait_for(fn.call(inp.task, responses), args.timeout))
-        out = fn.check_output(raw, group_size=len(responses))
+        raw = _call(label, fn.call(inp.task, responses), args.timeout)
+        out = _checked(fn, label, raw, group_size=len(responses))
         score_seconds = time.perf_counter() - start
-        print(f"group reward {fn.name}: status {out.status.value} in {score_seconds:.3f}s")
+        print(f"{label}: status {out.status.value} in {score_seconds:.3f}s")
         for i, (resp, reward) in enumerate(zip(responses, out.rewards or [None] * len(responses))):
             print(f"  [{i}] reward {reward}  {response_text(resp)[:200]}")
         _print_metrics(out.metrics)
+        code = _failed(label, out)
     if rollout_seconds and score_seconds > rollout_seconds / 3:
         print(
             f"warning: scoring took {score_seconds:.2f}s, more than a third of the rollout ({rollout_seconds:.2f}s); "
             "scoring will slow training down",
             file=sys.stderr,
         )
-    return 0
+    return code
 
 
 def _print_metrics(metrics: dict[str, float]) -> None:

@@ -117,6 +117,10 @@ _DATA_BUILDERS = {
     ".arrow": "arrow",
     ".txt": "text",
 }
+DEFAULT_SPLIT = "train"  # what a dataset with no ``split`` reads (a single file is read whole under this name)
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
 
 
 def _looks_local(path: str) -> bool:
@@ -131,16 +135,103 @@ def _looks_local(path: str) -> bool:
     )
 
 
+def _hub_id_like(path: str) -> bool:
+    """True for ``org/name``, the only form under which a path that is not on disk is looked up on the Hub."""
+    return bool(_HUB_ID.match(path)) and not _looks_local(path)
+
+
+def _offline() -> bool:
+    """``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` is set: the Hub is not asked, only the local cache."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in _OFFLINE_VARS)
+
+
+def _hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hub cannot be reached (one TCP connect, no retries), or None when it can (or a proxy is set)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    if any(os.environ.get(v) for v in _PROXY_VARS):
+        return None  # the proxy decides; datasets is then asked with no retries
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def _innermost(exc: BaseException) -> str:
+    """``Type: message`` of the deepest cause, first line only (datasets wraps the real error)."""
+    seen: set[int] = set()
+    while id(exc) not in seen:
+        seen.add(id(exc))
+        nxt = exc.__cause__ or exc.__context__
+        if nxt is None:
+            break
+        exc = nxt
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_JSON_TYPES = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
+
+
+def _find_bad_json(path: Path) -> str | None:
+    """The first line of a JSON (lines) file that ``datasets`` cannot read, as ``file:line: what``; None if none.
+
+    Invalid JSON, or a row that is not an object.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{path}: cannot read it: {exc}"
+    lines = text.splitlines()
+    first = next((s for s in lines if s.strip()), "")
+    rows: list[tuple[int, Any]] = []
+    try:
+        json.loads(first)
+        line_mode = True
+    except json.JSONDecodeError:
+        line_mode = path.suffix.lower() == ".jsonl"
+    if not line_mode:  # one JSON document: a list of rows, or an object holding one
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return f"{path}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
+        if isinstance(doc, dict):
+            doc = next((v for v in doc.values() if isinstance(v, list)), [])
+        rows = [(0, item) for item in doc] if isinstance(doc, list) else []
+    else:
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                return f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
+    for index, (lineno, row) in enumerate(rows):
+        if not isinstance(row, dict):
+            at = f"{path}:{lineno}" if lineno else f"{path}: row {index}"
+            return f"{at}: expected a JSON object, got {_JSON_TYPES.get(type(row), type(row).__name__)}"
+    return None
+
+
 @dataclass
 class DatasetConfig(Settings):
-    """One split of a Hugging Face ``datasets`` dataset: a local folder or file, or a Hub id.
+    """One split of a Hugging Face ``datasets`` dataset: a local folder or file, or a Hub id (``org/name``).
 
-    ``limit`` keeps the first rows, then ``shuffle`` reorders them with ``seed``.
+    ``split`` is the split to read; unset, a folder or Hub dataset reads its
+    ``train`` split and a single file is read whole. ``limit`` keeps the first
+    rows, then ``shuffle`` reorders them with ``seed``. A path that is not on
+    disk is looked up on the Hub only when it reads ``org/name``; offline
+    (``HF_HUB_OFFLINE=1``) only the local cache is. Nothing is retried.
     """
 
     path: str
     name: str | None = None
-    split: str = "train"
+    split: str | None = None
     total_epochs: int = 1
     total_steps: int | None = None
     limit: int | None = None
@@ -150,12 +241,29 @@ class DatasetConfig(Settings):
     def check(self) -> None:
         if not self.path:
             raise FieldError("path", "must not be empty")
-        if not self.split:
+        if self.split is not None and not self.split:
             raise FieldError("split", "must not be empty")
         at_least("total_epochs", self.total_epochs, 1)
         at_least("total_steps", self.total_steps, 1)
         at_least("limit", self.limit, 1)
         self._key, self._where = type(self).__name__, ""
+
+    @property
+    def split_name(self) -> str:
+        """The split actually read: ``split``, or ``train`` when none is set."""
+        return self.split or DEFAULT_SPLIT
+
+    @property
+    def is_file(self) -> bool:
+        """True when ``path`` is one local data file (read whole, whatever the split is called)."""
+        local = Path(self.path).expanduser()
+        return local.is_file()
+
+    def describe(self) -> str:
+        """What is read, for messages: ``split 'test' of data`` or ``data.jsonl (the whole file)``."""
+        if self.is_file and self.split is None:
+            return f"{self.path} (the whole file)"
+        return f"split {self.split_name!r} of {self.path}"
 
     def _origin(self, key: str, where: str = "") -> None:
         """Remember where this config came from, for error messages."""
@@ -173,6 +281,12 @@ class DatasetConfig(Settings):
             ds = self._load_local(datasets, local)
         elif _looks_local(self.path):
             raise self._error("path", f"{self.path!r} does not exist (looked for {local.absolute()})")
+        elif not _hub_id_like(self.path):
+            raise self._error(
+                "path",
+                f"{self.path!r} does not exist (looked for {local.absolute()}) and is not a Hugging Face Hub "
+                "dataset id, which reads 'org/name'",
+            )
         else:
             ds = self._load_hub(datasets)
         if self.limit is not None:
@@ -186,9 +300,12 @@ class DatasetConfig(Settings):
             saved = datasets.load_from_disk(str(local))  # written by Dataset(Dict).save_to_disk
             return self._pick(saved, list(saved)) if isinstance(saved, datasets.DatasetDict) else saved
         if local.is_dir():
-            return self._split_or_error(
-                lambda split: datasets.load_dataset(str(local), self.name, split=split),
-                lambda: list(datasets.load_dataset(str(local), self.name)),
+            return self._readable(
+                local,
+                lambda: self._split_or_error(
+                    lambda split: datasets.load_dataset(str(local), self.name, split=split),
+                    lambda: list(datasets.load_dataset(str(local), self.name)),
+                ),
             )
         suffix = local.suffix.lower()
         builder = _DATA_BUILDERS.get(suffix)
@@ -197,24 +314,65 @@ class DatasetConfig(Settings):
             raise self._error("path", f"cannot tell the format of {self.path!r}; use a file ending in {known}")
         kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
         # a single file is the requested split, whatever its name (train.jsonl as split "test" is fine)
-        return datasets.load_dataset(builder, data_files={self.split: str(local)}, split=self.split, **kwargs)
+        split = self.split_name
+        return self._readable(
+            local, lambda: datasets.load_dataset(builder, data_files={split: str(local)}, split=split, **kwargs)
+        )
+
+    def _readable(self, local: Path, load: Callable[[], Any]) -> Any:
+        """``load()``; a file ``datasets`` cannot parse is a ConfigError naming the file and the line."""
+        import logging
+
+        from .errors import ReinforgeError
+
+        quiet = logging.getLogger("datasets.packaged_modules")  # it logs the parser's traceback; we explain it
+        level = quiet.level
+        quiet.setLevel(logging.CRITICAL)
+        try:
+            return load()
+        except ReinforgeError:
+            raise
+        except Exception as exc:
+            if local.is_dir():
+                files = sorted(p for p in local.rglob("*") if p.suffix.lower() in (".json", ".jsonl"))
+            else:
+                files = [local] if local.suffix.lower() in (".json", ".jsonl") else []
+            for file in files:
+                problem = _find_bad_json(file)
+                if problem is not None:
+                    raise self._error("path", problem) from exc
+            if isinstance(exc, ValueError) and "split" in str(exc).lower():
+                raise
+            raise self._error("path", f"{local}: datasets cannot read it: {_innermost(exc)}") from exc
+        finally:
+            quiet.setLevel(level)
 
     def _load_hub(self, datasets: Any) -> Any:
+        not_local = f"{self.path!r} is not a local path (looked in {Path.cwd()})"
+        if not _offline():
+            problem = _hub_unreachable()
+            if problem is not None:
+                raise self._error(
+                    "path",
+                    f"{not_local} and the Hugging Face Hub cannot be reached ({problem}); "
+                    "if the dataset is in your local cache, set HF_HUB_OFFLINE=1",
+                )
+        config = datasets.DownloadConfig(max_retries=0)
         try:
             return self._split_or_error(
-                lambda split: datasets.load_dataset(self.path, self.name, split=split),
-                lambda: datasets.get_dataset_split_names(self.path, self.name),
+                lambda split: datasets.load_dataset(self.path, self.name, split=split, download_config=config),
+                lambda: datasets.get_dataset_split_names(self.path, self.name, download_config=config),
             )
         except (FileNotFoundError, ConnectionError, datasets.exceptions.DatasetNotFoundError) as exc:
+            offline = " (offline: only the local cache was searched)" if _offline() else ""
             raise self._error(
                 "path",
-                f"{self.path!r} is not a local path (looked in {Path.cwd()}) and could not be loaded from "
-                f"the Hugging Face Hub: {exc}",
+                f"{not_local} and could not be loaded from the Hugging Face Hub{offline}: {exc}",
             ) from exc
 
     def _split_or_error(self, load: Callable[[str], Any], split_names: Callable[[], list[str]]) -> Any:
         try:
-            return load(self.split)
+            return load(self.split_name)
         except ValueError as exc:
             if "split" not in str(exc).lower():
                 raise
@@ -222,12 +380,12 @@ class DatasetConfig(Settings):
         return self._pick({}, names)
 
     def _pick(self, splits: Any, available: list[str]) -> Any:
-        if self.split in splits:
-            return splits[self.split]
+        if self.split_name in splits:
+            return splits[self.split_name]
         raise self._error(
             "split",
-            f"{self.split!r} is not a split of {self.path!r}; available: {', '.join(available)}"
-            f"{suggest(self.split, available)}",
+            f"{self.split_name!r} is not a split of {self.path!r}; available: {', '.join(available)}"
+            f"{suggest(self.split_name, available)}",
         )
 
     def rows(self) -> list[dict[str, Any]]:

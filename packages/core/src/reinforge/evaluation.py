@@ -17,7 +17,20 @@ if TYPE_CHECKING:
 
 @dataclass
 class EvalReport:
-    """Accuracy, every reward dimension and the failure counters of one evaluation."""
+    """Accuracy, every reward dimension and the failure counters of one evaluation.
+
+    :meth:`summary` (what ``reinforge eval --json`` prints) has exactly these
+    fields as keys, with the same values, except the trajectory lists:
+    ``dimensions`` holds the mean of every reward dimension under its name
+    (``reward``, ``reward/correct``, ``gate/format``), ``metrics`` every
+    statistic under its stable metric name (``reward/mean``,
+    ``reward/correct/std``, ``count/kept``; :mod:`reinforge.metric_names`).
+
+    :ivar split: the split read, or None when ``dataset`` is one file read
+        whole (no split named).
+    :ivar trajectories: the kept (scored) trajectories.
+    :ivar discarded_trajectories: the discarded ones (failed, or in a dropped group).
+    """
 
     accuracy: float | None
     accuracy_key: str
@@ -27,30 +40,78 @@ class EvalReport:
     metrics: dict[str, float]
     counters: dict[str, int]
     seconds: float
-    split: str
+    split: str | None
+    dataset: str = ""
+    discarded: int = 0
+    dimensions: dict[str, float] = field(default_factory=dict)
     trajectories: list[Any] = field(default_factory=list, repr=False)
+    discarded_trajectories: list[Any] = field(default_factory=list, repr=False)
+    groups: list[Any] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.dimensions:
+            self.dimensions = dimension_means(self.metrics)
 
     def summary(self) -> dict[str, Any]:
-        dims = {
-            k[: -len("/mean")]: v
-            for k, v in self.metrics.items()
-            if k.endswith("/mean") and k.startswith(("reward", "gate/"))
-        }
+        """The report as plain data: ``reinforge eval --json`` and the ``summary`` of ``--output``."""
         return {
             "accuracy": self.accuracy,
             "accuracy_key": self.accuracy_key,
             "threshold": self.threshold,
             "split": self.split,
+            "dataset": self.dataset,
             "tasks": self.tasks,
             "kept": self.kept,
-            "dimensions": dims,
-            "counters": self.counters,
+            "discarded": self.discarded,
+            "dimensions": dict(self.dimensions),
+            "metrics": dict(self.metrics),
+            "counters": dict(self.counters),
             "seconds": round(self.seconds, 3),
         }
 
+    def trajectory_records(self) -> list[dict[str, Any]]:
+        """Every trajectory, kept and discarded, in task order, as ``reinforge eval --output`` writes them.
+
+        Each is :meth:`Trajectory.to_dict` (``status``, ``error``, ...) plus
+        ``kept`` and, for a discarded one, ``discard_reason``.
+        """
+        records = []
+        for group in self.groups:
+            kept = {id(t) for t in group.kept}
+            for t in sorted([*group.kept, *group.discarded], key=lambda t: t.rollout_index):
+                record = t.to_dict()
+                record["kept"] = id(t) in kept
+                if not record["kept"]:
+                    record["discard_reason"] = _discard_reason(t, group)
+                records.append(record)
+        return records
+
+
+def _discard_reason(t: Any, group: Any) -> str:
+    if t.error:
+        return t.error
+    if t.ok:
+        scored = sum(1 for x in [*group.kept, *group.discarded] if x.ok)
+        total = len(group.kept) + len(group.discarded)
+        return (
+            f"its group was dropped: {scored} of its {total} rollouts were scored "
+            "(runner.min_group_size, runner.drop_incomplete_groups)"
+        )
+    return f"status {t.status.value} with no reward"
+
+
+def dimension_means(metrics: dict[str, float]) -> dict[str, float]:
+    """``{"reward/correct": mean}`` from ``{"reward/correct/mean": mean, ...}``: the reward and gate dimensions."""
+    return {
+        k[: -len("/mean")]: v for k, v in metrics.items() if k.endswith("/mean") and k.startswith(("reward", "gate/"))
+    }
+
 
 def eval_dataset(run: RunConfig, split: str | None = None, limit: int | None = None) -> DatasetConfig:
-    """The dataset an evaluation reads: ``eval_dataset``, else the train set's ``eval.split``."""
+    """The dataset an evaluation reads: ``eval_dataset`` (its own split), else the train set's ``eval.split``.
+
+    ``split`` (``--split``) overrides either; ``limit`` (``--limit``) overrides ``eval.limit``.
+    """
     import dataclasses
 
     base = run.eval_dataset or run.train_dataset
@@ -151,8 +212,12 @@ def evaluate(
             metrics=result.metrics,
             counters=dict(result.counters),
             seconds=time.perf_counter() - start,
-            split=dataset.split,
+            split=None if dataset.is_file and dataset.split is None else dataset.split_name,
+            dataset=dataset.path,
+            discarded=sum(len(g.discarded) for g in result.groups),
             trajectories=result.trajectories,
+            discarded_trajectories=[t for g in result.groups for t in g.discarded],
+            groups=list(result.groups),
         )
         metrics = dict(result.metrics)
         if report.accuracy is not None:
