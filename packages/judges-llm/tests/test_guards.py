@@ -9,9 +9,10 @@ import pytest
 from judges_llm_testlib import JudgeScript
 
 from reinforge import ChatResponse
-from reinforge.errors import ConfigError, SignatureError
-from reinforge.signatures import bind
-from reinforge_judges_llm import ListwiseJudge, PairwiseJudge, PointwiseJudge, llm_pointwise, model_family
+from reinforge.config import ComponentSpec
+from reinforge.errors import ConfigError
+from reinforge.plugin import plan_component
+from reinforge_judges_llm import ListwiseJudge, PairwiseJudge, PointwiseConfig, PointwiseJudge, model_family
 
 TASK = {"question": "q"}
 
@@ -23,18 +24,20 @@ def run(coro):
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"scale": [5, 1]}, r"args.scale must be \[low, high\]"),
-        ({"scale": "five"}, r"args.scale"),
-        ({"temperature": -1}, r"args.temperature must be a number >= 0"),
-        ({"self_preference": "maybe"}, r"args.self_preference must be one of error, warn, off"),
-        ({"max_retries": 1.5}, r"args.max_retries must be an integer >= 0"),
-        ({"empty_score": 2}, r"args.empty_score must be a number in \[0, 1\] or null"),
-        ({"anchors": {"9": "too high"}}, r"args.anchors\['9'\] must describe a score in \[1, 5\]"),
-        ({"anchors": [{"response": "x"}]}, r"args.anchors\[0\] must be a mapping with 'response' and 'score'"),
-        ({"api_base": "http://x/v1"}, r"args.api_base needs args.model"),
-        ({"length_window": 1}, r"args.length_window must be an integer >= 2"),
-        ({"require_calibration": ""}, r"args.require_calibration must be the path"),
-        ({"colour": "red"}, r"unknown setting\(s\) \['colour'\]"),
+        ({"scale": [5, 1]}, r"args.scale: must be \[low, high\]"),
+        ({"scale": "five"}, r"args.scale: expected a list, got str 'five'"),
+        ({"temperature": -1}, r"args.temperature: must be at least 0"),
+        ({"temperature": "0.2"}, r"args.temperature: expected a number, got str '0.2'"),
+        ({"self_preference": "maybe"}, r"args.self_preference: must be one of error, warn, off"),
+        ({"max_retries": 1.5}, r"args.max_retries: expected an integer, got float 1.5"),
+        ({"empty_score": 2}, r"args.empty_score: must be between 0.0 and 1.0, got 2"),
+        ({"anchors": {"9": "too high"}}, r"args.anchors\['9'\]: must describe a score in \[1, 5\]"),
+        ({"anchors": [{"response": "x"}]}, r"args.anchors\[0\]: must be a mapping with 'response' and 'score'"),
+        ({"api_base": "http://x/v1"}, r"args.api_base: needs args.model"),
+        ({"length_window": 1}, r"args.length_window: must be at least 2"),
+        ({"require_calibration": ""}, r"args.require_calibration: must be the path"),
+        ({"colour": "red"}, r"unknown key 'args.colour'"),
+        ({"temperatur": 0.5}, r"unknown key 'args.temperatur' \(did you mean 'temperature'\?\)"),
     ],
 )
 def test_bad_settings_name_the_judge_and_key(settings, message) -> None:
@@ -43,19 +46,39 @@ def test_bad_settings_name_the_judge_and_key(settings, message) -> None:
 
 
 def test_kind_specific_settings() -> None:
-    with pytest.raises(ConfigError, match=r"judge 'llm-listwise': args.permutations must be an integer >= 1 or null"):
+    with pytest.raises(ConfigError, match=r"judge 'llm-listwise': args.permutations: must be at least 1"):
         ListwiseJudge(permutations=0)
-    with pytest.raises(ConfigError, match=r"judge 'llm-pairwise': args.reference_field must name"):
+    with pytest.raises(ConfigError, match=r"judge 'llm-pairwise': args.reference_field: must name"):
         PairwiseJudge(reference_field=None)
-    with pytest.raises(ConfigError, match=r"unknown setting\(s\) \['length_normalization'\]"):
+    with pytest.raises(ConfigError, match=r"unknown key 'args.length_normalization'"):
         PairwiseJudge(length_normalization=True)
 
 
-def test_core_checks_settings_against_the_registered_signature() -> None:
-    bound = bind(llm_pointwise, "judge", {"model": "m", "rubric": "r", "scale": [1, 7]})
-    assert bound.settings["scale"] == [1, 7] and bound.passes == ("auxiliary_models", "logger")
-    with pytest.raises(SignatureError, match="has no parameter 'rubrik'"):
-        bind(llm_pointwise, "judge", {"rubrik": "typo"})
+def test_settings_objects_are_checked_and_accepted_as_core_passes_them() -> None:
+    config = PointwiseConfig(model="m", rubric="r", scale=[1, 7])
+    assert config.scale == (1, 7) and PointwiseConfig(scale=10).scale == (1, 10)  # `scale: N` means 1..N
+    with PointwiseJudge(config) as judge:  # what core does: cls(settings)
+        assert judge.config is config and judge.config.high == 7
+    assert judge.closed
+    with pytest.raises(ConfigError, match=r"PointwiseConfig: temperature: must be at least 0"):
+        PointwiseConfig(temperature=-0.5)
+    with pytest.raises(TypeError, match="not both"):
+        PointwiseJudge(config, rubric="other")
+
+
+def test_core_checks_settings_against_the_registered_settings_class(reinforge_pm) -> None:
+    from reinforge.plugins import build_registry
+    from reinforge_judges_llm import plugin
+
+    reinforge_pm.register(plugin, name="reinforge-judges-llm")
+    registry = build_registry(reinforge_pm)
+    plan = plan_component(
+        ComponentSpec(ref="llm-pointwise", args={"model": "m", "scale": [1, 7]}), "judge", registry, where="run.yaml"
+    )
+    assert isinstance(plan.settings, PointwiseConfig) and plan.settings.scale == (1, 7)
+    bad = ComponentSpec(ref="llm-pointwise", args={"rubrik": "typo"})
+    with pytest.raises(ConfigError, match=r"run.yaml: unknown key 'args.rubrik' \(did you mean 'rubric'\?\)"):
+        plan_component(bad, "judge", registry, where="run.yaml")
 
 
 def test_missing_key_variable_and_unusable_cache_path(tmp_path, monkeypatch) -> None:

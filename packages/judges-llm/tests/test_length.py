@@ -39,17 +39,18 @@ def score_all(judge: PointwiseJudge, texts: list[str]) -> list[float]:
     return asyncio.run(go())
 
 
-def test_length_normalization_removes_a_judges_length_preference(openai_server) -> None:
+def test_length_normalization_removes_a_judges_length_preference(openai_server, tmp_path) -> None:
     srv = openai_server(JudgeScript(pointwise=length_loving))
     warmup, test = responses(40, seed=1), responses(40, seed=2)
     lengths = [len(t) for t in test]
+    shared = {"model": "judge", "api_base": srv.base_url, "cache_path": str(tmp_path / "verdicts.sqlite")}
 
-    plain = PointwiseJudge(model="judge", api_base=srv.base_url)
+    plain = PointwiseJudge(**shared)
     score_all(plain, warmup)
     rho_plain = spearman(lengths, score_all(plain, test))
     assert rho_plain > 0.5  # the scripted judge really is length-biased
 
-    normalized = PointwiseJudge(model="judge", api_base=srv.base_url, length_normalization=True, length_min_samples=16)
+    normalized = PointwiseJudge(**shared, length_normalization=True, length_min_samples=16)
     score_all(normalized, warmup)  # a warm-up batch fits the trend (cached verdicts: no new calls)
     rewards = score_all(normalized, test)
     rho_normalized = spearman(lengths, rewards)
@@ -58,7 +59,9 @@ def test_length_normalization_removes_a_judges_length_preference(openai_server) 
     assert normalized.length_trend.slope() > 0
     # the true quality still shows through
     assert spearman([quality(t) for t in test], rewards) > 0.6
-    assert srv.call_count == 80  # the normalized judge reused every verdict of the plain one
+    assert srv.call_count == 80  # the normalized judge reused every verdict of the plain one (one cache file)
+    plain.close()
+    normalized.close()
 
 
 def test_every_prompt_tells_the_judge_length_is_not_quality(openai_server) -> None:

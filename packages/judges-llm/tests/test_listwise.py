@@ -10,8 +10,10 @@ import pytest
 from judges_llm_testlib import JudgeScript, quality
 
 from reinforge import GroupRewardOutput, TaskStatus
-from reinforge.signatures import bind
-from reinforge_judges_llm import ListwiseJudge, llm_listwise, spearman
+from reinforge.config import ComponentSpec
+from reinforge.plugin import build_component
+from reinforge.plugins import build_registry
+from reinforge_judges_llm import ListwiseJudge, plugin, spearman
 
 GROUP = 4
 
@@ -119,8 +121,13 @@ def test_empty_responses_are_scored_without_being_shown(openai_server) -> None:
     assert all_empty.rewards == [0.0, 0.0] and srv.call_count == 2
 
 
-def test_registered_group_reward_passes_core_checks(openai_server) -> None:
+def test_registered_group_reward_passes_core_checks(openai_server, reinforge_pm) -> None:
     srv = openai_server(JudgeScript(listwise=lambda task, texts: [quality(t) for t in texts]))
-    bound = bind(llm_listwise, "group_reward", {"model": "judge", "api_base": srv.base_url, "permutations": 2})
+    reinforge_pm.register(plugin, name="reinforge-judges-llm")
+    spec = ComponentSpec(ref="llm-listwise", args={"model": "judge", "api_base": srv.base_url, "permutations": 2})
+    bound = build_component(spec, "group_reward", build_registry(reinforge_pm), where="run.yaml: group_reward")
+    assert isinstance(bound.func, ListwiseJudge) and bound.func.config.permutations == 2
     out = bound.check_output(asyncio.run(bound.call({"question": "q"}, ["a quality=2", "b quality=5"])), group_size=2)
     assert isinstance(out, GroupRewardOutput) and out.rewards == pytest.approx([1 / 9, 4 / 9])
+    bound.close()
+    assert bound.func.closed

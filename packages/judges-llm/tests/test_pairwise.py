@@ -7,7 +7,7 @@ import asyncio
 from judges_llm_testlib import JudgeScript, quality
 
 from reinforge import TaskStatus
-from reinforge_judges_llm import PairwiseJudge, llm_pairwise
+from reinforge_judges_llm import PairwiseJudge
 
 TASKS = [
     {"question": f"Explain topic {i}.", "reference": f"reference answer {i} quality={i % 3 + 1}"} for i in range(12)
@@ -81,11 +81,16 @@ def test_second_order_costs_one_call_and_reruns_and_swapped_roles_cost_none(open
     assert swapped.reward == 1.0 - out.reward
 
 
-def test_registered_function_shares_one_judge_and_its_cache(openai_server) -> None:
+def test_one_judge_shares_its_cache_between_calls_and_a_new_judge_starts_empty(openai_server) -> None:
     srv = openai_server(JudgeScript(pairwise=better))
     settings = {"model": "judge", "api_base": srv.base_url}
-    run(llm_pairwise(TASKS[2], CANDIDATES[2], **settings))
-    run(llm_pairwise(TASKS[2], CANDIDATES[2], **settings))
+    with PairwiseJudge(**settings) as judge:
+        run(judge(TASKS[2], CANDIDATES[2]))
+        run(judge(TASKS[2], CANDIDATES[2]))
     assert srv.call_count == 2
-    run(llm_pairwise(TASKS[2], CANDIDATES[2], **settings, rubric="Which is more polite?"))
+    with PairwiseJudge(**settings, rubric="Which is more polite?") as polite:
+        run(polite(TASKS[2], CANDIDATES[2]))
     assert srv.call_count == 4  # other settings: other prompts, other cache keys
+    with PairwiseJudge(**settings) as fresh:  # a judge of a new run shares nothing with the last one
+        assert run(fresh(TASKS[2], CANDIDATES[2])).metrics["usage/cache_hits"] == 0.0
+    assert srv.call_count == 6

@@ -10,7 +10,16 @@ from judges_llm_testlib import JudgeScript
 from reinforge.cli import main
 from reinforge.plugins import build_registry
 from reinforge.testing import check_entry_point
-from reinforge_judges_llm import __version__, plugin
+from reinforge_judges_llm import (
+    ListwiseConfig,
+    ListwiseJudge,
+    PairwiseConfig,
+    PairwiseJudge,
+    PointwiseConfig,
+    PointwiseJudge,
+    __version__,
+    plugin,
+)
 
 
 def test_entry_point_registers_what_it_claims() -> None:
@@ -20,13 +29,20 @@ def test_entry_point_registers_what_it_claims() -> None:
     assert found["judges"] == ["llm-pairwise", "llm-pointwise"]
 
 
-def test_registered_judges_are_model_judges(reinforge_pm) -> None:
+def test_registered_judges_are_classes_with_settings_and_model_judges(reinforge_pm) -> None:
     reinforge_pm.register(plugin, name="reinforge-judges-llm")
     registry = build_registry(reinforge_pm)
-    for kind, name in (("judges", "llm-pointwise"), ("judges", "llm-pairwise"), ("group_rewards", "llm-listwise")):
+    expected = {
+        ("judges", "llm-pointwise"): (PointwiseJudge, PointwiseConfig),
+        ("judges", "llm-pairwise"): (PairwiseJudge, PairwiseConfig),
+        ("group_rewards", "llm-listwise"): (ListwiseJudge, ListwiseConfig),
+    }
+    for (kind, name), (cls, settings) in expected.items():
         component = registry.get(kind, name)
         assert component.owner == "reinforge-judges-llm"
-        assert component.obj.reinforge_kind == "model"  # core's rule gate keeps failing responses away
+        assert component.obj is cls and component.settings is settings  # core builds cls(settings) per run
+        assert component.judge_kind == "model"  # core's rule gate keeps failing responses away
+        assert component.reward_range == (0.0, 1.0)
 
 
 def test_plugins_command_lists_the_package(capsys) -> None:

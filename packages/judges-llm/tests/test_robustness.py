@@ -14,7 +14,7 @@ from reinforge.rewards import JudgeSlot, RewardComposer
 from reinforge.runner import Runner, RunnerSettings
 from reinforge.signatures import bind
 from reinforge.testing import Reply, ScriptedChatModel
-from reinforge_judges_llm import JudgeConfigError, PointwiseJudge, llm_pointwise, reset_judges
+from reinforge_judges_llm import JudgeConfigError, PointwiseJudge
 from reinforge_judges_llm.client import backoff_delay, classify_error
 
 TASK = {"question": "What is the capital of France?"}
@@ -100,8 +100,7 @@ def test_zero_rewards_from_failures_none_through_the_runner(openai_server) -> No
     async def workflow(task, model):
         return WorkflowOutput(response=(await model.chat([{"role": "user", "content": task["question"]}])).content)
 
-    settings = {"model": "judge", "api_base": srv.base_url, "max_retries": 1, "backoff_s": 0}
-    judge = bind(llm_pointwise, "judge", settings)
+    judge = bind(PointwiseJudge(model="judge", api_base=srv.base_url, max_retries=1, backoff_s=0), "judge")
     composer = RewardComposer([JudgeSlot("quality", judge, kind="model")], max_retries=1)
     runner = Runner(
         bind(workflow, "workflow"),
@@ -164,11 +163,12 @@ def test_sqlite_cache_survives_a_fresh_judge_and_keys_on_model_and_settings(open
     cache = tmp_path / "cache" / "verdicts.sqlite"
     settings = {"model": "judge", "api_base": srv.base_url, "cache_path": str(cache)}
     answers = [f"answer number {i}" for i in range(5)]
-    first = [run(PointwiseJudge(**settings)(TASK, a)).reward for a in answers]
+    with PointwiseJudge(**settings) as judge:
+        first = [run(judge(TASK, a)).reward for a in answers]
     assert srv.call_count == 5 and cache.is_file()
 
-    reset_judges()  # forget every judge and close the cache file, as a new process would start
-    second = [run(PointwiseJudge(**settings)(TASK, a)).reward for a in answers]
+    with PointwiseJudge(**settings) as judge:  # a judge of the next run opens the same file
+        second = [run(judge(TASK, a)).reward for a in answers]
     assert second == first and srv.call_count == 5  # a rerun makes zero HTTP calls
 
     run(PointwiseJudge(**settings, rubric="Is it polite?")(TASK, answers[0]))

@@ -1,8 +1,10 @@
 """reinforge-judges-llm: bias-controlled LLM judges for reinforge.
 
 Registered: judges ``llm-pointwise`` and ``llm-pairwise``, group reward
-``llm-listwise``, commands ``reinforge judge calibrate`` and ``reinforge judge
-audit``. Importing this package does not import LiteLLM.
+``llm-listwise`` (the classes :class:`PointwiseJudge`, :class:`PairwiseJudge`
+and :class:`ListwiseJudge` with their settings classes; core builds one judge
+per run and closes it at the end), commands ``reinforge judge calibrate`` and
+``reinforge judge audit``. Importing this package does not import LiteLLM.
 """
 
 from __future__ import annotations
@@ -20,15 +22,7 @@ from .calibration import (
 from .client import JudgeConfigError, Usage
 from .config import ListwiseConfig, PairwiseConfig, PointwiseConfig
 from .families import model_family
-from .judges import (
-    ListwiseJudge,
-    PairwiseJudge,
-    PointwiseJudge,
-    llm_listwise,
-    llm_pairwise,
-    llm_pointwise,
-    reset_judges,
-)
+from .judges import ListwiseJudge, PairwiseJudge, PointwiseJudge
 from .stats import cohen_kappa, kendall_tau, pearson, rankdata, spearman
 
 __all__ = [
@@ -50,14 +44,10 @@ __all__ = [
     "calibrate_async",
     "cohen_kappa",
     "kendall_tau",
-    "llm_listwise",
-    "llm_pairwise",
-    "llm_pointwise",
     "load_examples",
     "model_family",
     "pearson",
     "rankdata",
     "require_calibration",
-    "reset_judges",
     "spearman",
 ]

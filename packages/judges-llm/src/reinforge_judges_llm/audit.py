@@ -75,12 +75,11 @@ def _slope(xs: list[float], ys: list[float]) -> float | None:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
 
 
-def _llm_judge_class(obj: Any) -> type | None:
+def _llm_judge(obj: Any) -> Any:
+    """The judge object of this package behind a built component, or None."""
     from .judges import LLMJudge
 
-    if isinstance(obj, LLMJudge):
-        return type(obj)
-    return getattr(obj, "reinforge_judge_class", None)
+    return obj if isinstance(obj, LLMJudge) else None
 
 
 def _pairs(examples: list[Any], limit: int) -> list[tuple[Any, Any]]:
@@ -99,16 +98,24 @@ def _pairs(examples: list[Any], limit: int) -> list[tuple[Any, Any]]:
 
 
 async def _pairwise_flips(
-    judge_obj: Any, settings: dict[str, Any], examples: list[Any], pairs: int, aux: dict[str, Any] | None
+    judge_obj: Any, examples: list[Any], pairs: int, aux: dict[str, Any] | None
 ) -> tuple[list[float], str]:
     from .config import PairwiseConfig
-    from .judges import LLMJudge, PairwiseJudge
+    from .judges import PairwiseJudge
+
+    keep = set(PairwiseConfig.keys()) - {"require_calibration", "reference_field", "scale"}
+    comparer = PairwiseJudge(**{k: v for k, v in judge_obj.config.values().items() if k in keep})
+    try:
+        return await _compare_pairs(comparer, examples, pairs, aux)
+    finally:
+        comparer.close()
+
+
+async def _compare_pairs(
+    comparer: Any, examples: list[Any], pairs: int, aux: dict[str, Any] | None
+) -> tuple[list[float], str]:
     from .prompts import show
 
-    if isinstance(judge_obj, LLMJudge):
-        settings = {**judge_obj.settings, **settings}
-    keep = set(PairwiseConfig.keys()) - {"require_calibration", "reference_field"}
-    comparer = PairwiseJudge(**{k: v for k, v in settings.items() if k in keep})
     model = comparer.client.model_for(aux)
     chosen = _pairs(examples, pairs)
 
@@ -146,6 +153,25 @@ async def audit_async(
     """Score ``sample`` with ``judge`` and measure its length correlation and position-flip rate."""
     examples = load_examples(sample, require_label=False, limit=limit)
     bound = resolve_judge(judge, args, registry=registry, where=f"audit on {sample}")
+    try:
+        return await _audit(
+            bound, judge, sample, examples, auxiliary_models, pairs, concurrency, max_flip_rate, max_length_rho
+        )
+    finally:
+        bound.close()  # what was built for this audit (a judge's client and cache)
+
+
+async def _audit(
+    bound: Any,
+    judge: Any,
+    sample: str | Path,
+    examples: list[Any],
+    auxiliary_models: dict[str, Any] | None,
+    pairs: int,
+    concurrency: int,
+    max_flip_rate: float,
+    max_length_rho: float,
+) -> AuditReport:
     outputs = await score_examples(bound, examples, auxiliary_models=auxiliary_models, concurrency=concurrency)
     lengths, rewards, flips_from_metrics = [], [], []
     for example, out in zip(examples, outputs):
@@ -161,8 +187,8 @@ async def audit_async(
     source = "not measurable for this judge (not an LLM judge of reinforge-judges-llm)"
     if flips_from_metrics:
         flips, source = flips_from_metrics, "the judge's own position_flip metric"
-    elif _llm_judge_class(bound.func) is not None and pairs > 0:
-        flips, source = await _pairwise_flips(bound.func, bound.settings, examples, pairs, auxiliary_models)
+    elif _llm_judge(bound.func) is not None and pairs > 0:
+        flips, source = await _pairwise_flips(bound.func, examples, pairs, auxiliary_models)
         if not flips:
             source = "no two sample responses share a task"
     flip_rate = sum(flips) / len(flips) if flips else None

@@ -2,9 +2,10 @@
 
 A rerun, a second judge with the same settings, or the second order of a
 pairwise comparison that was already asked the other way round costs no model
-call. Without ``cache_path`` the cache lives in memory, shared by every judge
-of the process; with it, in a SQLite file (WAL mode, safe to share between processes).
-Only verdicts that parsed are stored, never errors.
+call. Each judge owns its cache for the run it was built for: without
+``cache_path`` it lives in memory and is gone when the judge is closed; with it,
+in a SQLite file the judge opens (WAL mode, safe to share between runs and
+processes). Only verdicts that parsed are stored, never errors.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 from reinforge.errors import ConfigError
 
-__all__ = ["VerdictCache", "cache_key", "close_caches", "open_cache"]
+__all__ = ["VerdictCache", "cache_key"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS verdicts (
@@ -40,8 +41,8 @@ def cache_key(*parts: Any) -> str:
 class VerdictCache:
     """A thread-safe key -> reply store over one SQLite connection."""
 
-    def __init__(self, path: str | None = None):
-        self.path = None if path is None else str(Path(path).expanduser())
+    def __init__(self, path: str | None = None) -> None:
+        self.path = None if path is None else str(Path(path).expanduser().resolve())
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         with self._lock:
@@ -92,27 +93,3 @@ class VerdictCache:
             if self._db is not None:
                 self._db.close()
                 self._db = None
-
-
-_MEMORY = ":memory:"
-_OPEN: dict[str, VerdictCache] = {}
-_OPEN_LOCK = threading.Lock()
-
-
-def open_cache(path: str | None) -> VerdictCache:
-    """The process-wide in-memory cache for ``None``; one shared connection per file path otherwise."""
-    resolved = _MEMORY if path is None else str(Path(path).expanduser().resolve())
-    with _OPEN_LOCK:
-        cache = _OPEN.get(resolved)
-        if cache is None:
-            cache = _OPEN[resolved] = VerdictCache(None if path is None else resolved)
-        return cache
-
-
-def close_caches() -> None:
-    """Close every shared cache: the in-memory one forgets, files reopen on next use (e.g. between tests)."""
-    with _OPEN_LOCK:
-        caches = list(_OPEN.values())
-        _OPEN.clear()
-    for cache in caches:
-        cache.close()

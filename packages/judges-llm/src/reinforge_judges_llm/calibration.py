@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from reinforge import JudgeOutput, TaskStatus
 from reinforge.errors import ConfigError, ReinforgeError
 
 from .stats import cohen_kappa, kendall_tau, spearman
@@ -102,12 +103,16 @@ def load_examples(path: str | Path, *, require_label: bool = True, limit: int | 
 def resolve_judge(
     judge: Any, args: dict[str, Any] | None = None, *, registry: Any = None, where: str = "calibration"
 ) -> Any:
-    """A core ``BoundFunction`` for a registered name, ``module:attr`` or callable, with ``args`` bound."""
-    from reinforge.refs import resolve
-    from reinforge.signatures import bind
+    """Build a judge as core builds it for a run: a ``BoundFunction`` for a registered name, ``module:attr``
+    or callable, its ``args`` checked against its settings. Close it with ``bound.close()`` when done.
 
-    obj = resolve(judge, "judges", registry, where=where, base_dir=str(Path.cwd()))
-    return bind(obj, "judge", dict(args or {}))
+    ``module:attr`` references import from the working directory too.
+    """
+    from reinforge.config import ComponentSpec
+    from reinforge.plugin import build_component
+
+    spec = ComponentSpec(ref=judge, args=dict(args or {}))
+    return build_component(spec, "judge", registry, where=where, base_dir=str(Path.cwd()))
 
 
 async def score_examples(
@@ -119,18 +124,39 @@ async def score_examples(
     timeout_s: float = 600.0,
     max_retries: int = 0,
 ) -> list[Any]:
-    """Each example's ``JudgeOutput`` (FAILED ones included), through core's timeout and retry logic."""
-    from reinforge.rewards import JudgeSlot, RewardComposer
+    """Each example's ``JudgeOutput`` (FAILED ones included), checked as core's runner checks a judge's output.
 
-    slot = JudgeSlot(name="judge", fn=bound)
-    composer = RewardComposer([slot], judge_timeout_s=timeout_s, max_retries=max_retries)
+    A judgment that times out, raises or returns FAILED is tried again up to
+    ``max_retries`` times, then FAILED; a reinforge error (a bad setting, a
+    failed required calibration) propagates.
+    """
     gate = asyncio.Semaphore(max(1, concurrency))
 
     async def one(example: Example) -> Any:
         async with gate:
-            return await composer.call_judge(slot, example.task, example.response, auxiliary_models, None)
+            return await _judge_once(bound, example, auxiliary_models, timeout_s, max_retries)
 
     return list(await asyncio.gather(*(one(e) for e in examples)))
+
+
+async def _judge_once(bound: Any, example: Example, aux: Any, timeout_s: float, max_retries: int) -> Any:
+    last = "no attempt"
+    for _ in range(1 + max(0, max_retries)):
+        try:
+            out = await asyncio.wait_for(bound.call(example.task, example.response, auxiliary_models=aux), timeout_s)
+        except ReinforgeError:
+            raise
+        except asyncio.TimeoutError:
+            last = f"judge {bound.name} timed out after {timeout_s:g}s"
+            continue
+        except Exception as exc:  # a transient failure of the judge, never a reward of 0
+            last = f"judge {bound.name} raised {type(exc).__name__}: {exc}"
+            continue
+        out = bound.check_output(out)
+        if out.status is TaskStatus.SUCCESS:
+            return out
+        last = f"judge {bound.name} returned FAILED: {out.error}"
+    return JudgeOutput(status=TaskStatus.FAILED, error=last)
 
 
 @dataclass
@@ -238,7 +264,10 @@ async def calibrate_async(
     examples = load_examples(gold, limit=limit)
     bound = resolve_judge(judge, args, registry=registry, where=f"calibration on {gold}")
     label = judge_label or (judge if isinstance(judge, str) else bound.name)
-    outputs = await score_examples(bound, examples, auxiliary_models=auxiliary_models, concurrency=concurrency)
+    try:
+        outputs = await score_examples(bound, examples, auxiliary_models=auxiliary_models, concurrency=concurrency)
+    finally:
+        bound.close()  # what was built for this calibration (a judge's client and cache)
     rows = []
     for example, out in zip(examples, outputs):
         ok = out.status.value == "success"

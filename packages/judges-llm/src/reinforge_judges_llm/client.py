@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from reinforge.errors import ConfigError, ReinforgeError, require
 from reinforge.litellm_model import LiteLLMChatModel
 
-from .cache import VerdictCache, cache_key, open_cache
+from .cache import VerdictCache, cache_key
 from .config import JudgeConfig
 from .prompts import PROMPT_VERSION, MalformedVerdict
 
@@ -110,13 +110,16 @@ class _LoopState:
 
 
 class JudgeClient:
-    """One judge's connection to its model; shared by every judgment with the same settings."""
+    """One judge's connection to its model and its verdict cache, for the run the judge was built for.
 
-    def __init__(self, cfg: JudgeConfig, name: str):
+    :meth:`close` closes the cache (an in-memory one forgets its verdicts).
+    """
+
+    def __init__(self, cfg: JudgeConfig, name: str) -> None:
         self.cfg = cfg
         self.name = name
         try:
-            self.cache: VerdictCache | None = open_cache(cfg.cache_path) if cfg.cache else None
+            self.cache: VerdictCache | None = VerdictCache(cfg.cache_path) if cfg.cache else None
         except ConfigError as exc:
             raise ConfigError(f"judge {name!r}: args.{exc}") from None
         self._model: LiteLLMChatModel | None = None
@@ -134,7 +137,13 @@ class JudgeClient:
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopState] = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
         self._rng = random.Random()
+        self._unpriced: set[str] = set()  # models LiteLLM has no price for: not looked up on every call
         self.totals = Usage()
+
+    def close(self) -> None:
+        """Close the verdict cache (idempotent); a file cache keeps its rows for the next run."""
+        if self.cache is not None:
+            self.cache.close()
 
     # -- the model ---------------------------------------------------------------------------------
     def model_for(self, auxiliary_models: dict[str, Any] | None) -> Any:
@@ -271,7 +280,8 @@ class JudgeClient:
         raw = getattr(reply, "usage", None) or {}
         prompt = int(raw.get("prompt_tokens") or 0)
         completion = int(raw.get("completion_tokens") or 0)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, cost_usd=_cost(model, prompt, completion))
+        cost = _cost(model, prompt, completion, self._unpriced)
+        return Usage(prompt_tokens=prompt, completion_tokens=completion, cost_usd=cost)
 
     def _count(self, usage: Usage, delta: Usage) -> None:
         usage.add(delta)
@@ -286,16 +296,13 @@ def _import_litellm() -> None:
         require("litellm", "litellm")
 
 
-_UNPRICED: set[str] = set()  # models LiteLLM has no price for: do not look them up on every call
-
-
-def _cost(model: Any, prompt_tokens: int, completion_tokens: int) -> float:
+def _cost(model: Any, prompt_tokens: int, completion_tokens: int, unpriced: set[str]) -> float:
     """Dollars by LiteLLM's price list; 0.0 for a model it does not price (a local server, say)."""
     if not isinstance(model, LiteLLMChatModel) or not (prompt_tokens or completion_tokens):
         return 0.0
     litellm = sys.modules.get("litellm")  # imported by the model's first call
     name = model.litellm_model
-    if litellm is None or name in _UNPRICED:
+    if litellm is None or name in unpriced:
         return 0.0
     try:
         prompt_cost, completion_cost = litellm.cost_per_token(
@@ -303,5 +310,5 @@ def _cost(model: Any, prompt_tokens: int, completion_tokens: int) -> float:
         )
         return float(prompt_cost) + float(completion_cost)
     except Exception:  # a model LiteLLM does not price
-        _UNPRICED.add(name)
+        unpriced.add(name)
         return 0.0

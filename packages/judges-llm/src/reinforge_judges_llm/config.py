@@ -1,19 +1,21 @@
-"""Settings of the LLM judges: what a run file's ``args`` may say, with checks that name the key.
+"""Settings of the LLM judges: what a run file's ``args`` may say, checked by core's settings checker.
 
-One dataclass per judge kind. The registered judge functions take these fields
-as keyword settings (core fills them from ``args``), so ``reinforge try`` and
-core's signature check see every key, and an unknown key is an error.
+One :class:`reinforge.settings.Settings` dataclass per judge kind, declared when
+the judge class is registered (``register("llm-pointwise", PointwiseJudge,
+settings=PointwiseConfig, kind="model")``). Core checks a run file's ``args``
+against it before any model loads (types from the annotations, unknown keys
+with a suggestion, the value checks of :meth:`check`), so a typo fails
+``reinforge tune --dry-run`` with ``run.yaml: judges[1]: args.temperatur: ...``.
+Instances built in Python are checked the same way.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from reinforge.errors import ConfigError
+from reinforge.settings import FieldError, Settings, at_least, finite, in_range, one_of
 
 __all__ = [
     "DEFAULT_RUBRIC",
@@ -31,16 +33,13 @@ DEFAULT_RUBRIC = (
 SELF_PREFERENCE_MODES = ("error", "warn", "off")
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _non_empty(key: str, value: str | None, what: str = "a non-empty string or null") -> None:
+    if value is not None and not value.strip():
+        raise FieldError(key, f"must be {what}, got {value!r}")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-@dataclass(frozen=True)
-class JudgeConfig:
+@dataclass
+class JudgeConfig(Settings):
     """Settings shared by every LLM judge. See the package README for each key."""
 
     kind: ClassVar[str] = "judge"
@@ -54,7 +53,7 @@ class JudgeConfig:
     auxiliary_model: str = "judge"
     # what is judged and how
     rubric: str = DEFAULT_RUBRIC
-    scale: tuple[int, int] = (1, 5)
+    scale: tuple[int, int] = (1, 5)  # `scale: 5` in a run file means (1, 5)
     prompt_field: str | None = None
     reference_field: str | None = "reference"
     length_instruction: bool = True
@@ -85,64 +84,40 @@ class JudgeConfig:
     def keys(cls) -> list[str]:
         return [f.name for f in dataclasses.fields(cls)]
 
-    @classmethod
-    def from_settings(cls, settings: dict[str, Any], *, where: str | None = None) -> JudgeConfig:
-        """Build from ``args``; errors name the judge and the key."""
-        where = where or f"judge {cls.registered_name!r}"
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(settings) - set(known))
-        if unknown:
-            raise ConfigError(f"{where}: unknown setting(s) {unknown} in args; known: {', '.join(sorted(known))}")
-        values = dict(settings)
-        if "scale" in values:
-            values["scale"] = _scale(values["scale"], where)
-        if "anchors" in values:
-            values["anchors"] = _canonical(values["anchors"], where)
-        try:
-            cfg = cls(**values)
-        except TypeError as exc:  # pragma: no cover - unknown keys are caught above
-            raise ConfigError(f"{where}: {exc}") from None
-        cfg.validate(where)
-        return cfg
+    def _prepare(self) -> None:
+        # the shorthand `scale: 5` is the top of a 1-based scale (bool is not a scale)
+        if isinstance(self.scale, int) and not isinstance(self.scale, bool):
+            self.scale = (1, self.scale)
 
-    def validate(self, where: str) -> None:
-        def bad(key: str, detail: str) -> ConfigError:
-            return ConfigError(f"{where}: args.{key} {detail}, got {getattr(self, key)!r}")
-
+    def check(self) -> None:
         for key in ("model", "api_base", "api_key_env", "prompt_field", "reference_field", "cache_path"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise bad(key, "must be a non-empty string or null")
-        if not isinstance(self.auxiliary_model, str) or not self.auxiliary_model:
-            raise bad("auxiliary_model", "must be the name of an auxiliary model")
-        if not isinstance(self.rubric, str) or not self.rubric.strip():
-            raise bad("rubric", "must be a non-empty string")
-        for key in ("length_instruction", "json_mode", "cache"):
-            if not isinstance(getattr(self, key), bool):
-                raise bad(key, "must be true or false")
-        if not _is_number(self.temperature) or self.temperature < 0:
-            raise bad("temperature", "must be a number >= 0")
-        if self.seed is not None and not _is_int(self.seed):
-            raise bad("seed", "must be an integer or null")
-        for key, low in (("max_tokens", 1), ("max_retries", 0), ("max_concurrency", 1), ("max_response_chars", 1)):
-            value = getattr(self, key)
-            if not _is_int(value) or value < low:
-                raise bad(key, f"must be an integer >= {low}")
-        if not _is_number(self.timeout_s) or self.timeout_s <= 0:
-            raise bad("timeout_s", "must be a number > 0")
+            _non_empty(key, getattr(self, key))
+        _non_empty("auxiliary_model", self.auxiliary_model, "the name of an auxiliary model")
+        _non_empty("rubric", self.rubric, "a non-empty string")
+        low, high = self.scale
+        if not (low < high and high - low <= 100):
+            raise FieldError(
+                "scale",
+                "must be [low, high] integers with low < high (e.g. [1, 5]) or the top of a 1-based scale "
+                f"(e.g. 5), got {list(self.scale)!r}",
+            )
+        finite("temperature", self.temperature)
+        at_least("temperature", self.temperature, 0)
+        at_least("max_tokens", self.max_tokens, 1)
+        at_least("max_retries", self.max_retries, 0)
+        at_least("max_concurrency", self.max_concurrency, 1)
+        at_least("max_response_chars", self.max_response_chars, 1)
+        finite("timeout_s", self.timeout_s)
+        at_least("timeout_s", self.timeout_s, 0, strict=True)
         for key in ("backoff_s", "backoff_max_s"):
-            if not _is_number(getattr(self, key)) or getattr(self, key) < 0:
-                raise bad(key, "must be a number >= 0")
-        if self.self_preference not in SELF_PREFERENCE_MODES:
-            raise bad("self_preference", f"must be one of {', '.join(SELF_PREFERENCE_MODES)}")
-        if self.policy_model is not None and (not isinstance(self.policy_model, str) or not self.policy_model):
-            raise bad("policy_model", "must be a model name or null")
+            finite(key, getattr(self, key))
+            at_least(key, getattr(self, key), 0)
+        one_of("self_preference", self.self_preference, SELF_PREFERENCE_MODES)
+        _non_empty("policy_model", self.policy_model, "a model name or null")
         for key in ("empty_score", "truncated_score", "oversized_score"):
-            value = getattr(self, key)
-            if value is not None and (not _is_number(value) or not 0.0 <= value <= 1.0):
-                raise bad(key, "must be a number in [0, 1] or null (null: send it to the judge)")
+            in_range(key, getattr(self, key), 0.0, 1.0)
         if self.model is None and self.api_base is not None:
-            raise bad("api_base", "needs args.model (the model name served there)")
+            raise FieldError("api_base", "needs args.model (the model name served there)")
 
     # --------------------------------------------------------------------------------------------
     @property
@@ -157,85 +132,48 @@ class JudgeConfig:
         """A score on the discrete scale mapped onto [0, 1]."""
         return (float(score) - self.low) / (self.high - self.low)
 
-
-def _scale(value: Any, where: str) -> tuple[int, int]:
-    if _is_int(value) and value >= 2:
-        return (1, int(value))  # `scale: 5` means 1..5
-    if isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_int(v) for v in value):
-        low, high = int(value[0]), int(value[1])
-        if low < high and high - low <= 100:
-            return (low, high)
-    raise ConfigError(
-        f"{where}: args.scale must be [low, high] integers with low < high (e.g. [1, 5]) or the top of a 1-based "
-        f"scale (e.g. 5), got {value!r}"
-    )
+    def values(self) -> dict[str, Any]:
+        """``{key: value}`` of every setting (to build a sibling judge with some keys changed)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
-def _canonical(value: Any, where: str) -> str | None:
-    """Anchors as canonical JSON, so a config stays hashable and its cache key stable."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, sort_keys=True, ensure_ascii=False)
-    except TypeError as exc:
-        raise ConfigError(
-            f"{where}: args.anchors must be plain data (mappings, lists, strings, numbers): {exc}"
-        ) from None
-
-
-@dataclass(frozen=True)
+@dataclass
 class _Calibrated(JudgeConfig):
     """Judges that score one response can require a calibration pass on a gold set."""
 
     require_calibration: str | None = None
     calibration_min_rho: float = 0.6
 
-    def validate(self, where: str) -> None:
-        super().validate(where)
-        if self.require_calibration is not None and (
-            not isinstance(self.require_calibration, str) or not self.require_calibration.strip()
-        ):
-            raise ConfigError(
-                f"{where}: args.require_calibration must be the path of a gold JSONL file, "
-                f"got {self.require_calibration!r}"
-            )
-        if not _is_number(self.calibration_min_rho) or not -1.0 <= self.calibration_min_rho <= 1.0:
-            raise ConfigError(
-                f"{where}: args.calibration_min_rho must be a number in [-1, 1], got {self.calibration_min_rho!r}"
-            )
+    def check(self) -> None:
+        super().check()
+        _non_empty("require_calibration", self.require_calibration, "the path of a gold JSONL file")
+        in_range("calibration_min_rho", self.calibration_min_rho, -1.0, 1.0)
 
 
-@dataclass(frozen=True)
+@dataclass
 class PointwiseConfig(_Calibrated):
     """``llm-pointwise``: rubric + discrete scale + anchors, reason before verdict."""
 
     kind: ClassVar[str] = "pointwise"
     registered_name: ClassVar[str] = "llm-pointwise"
 
-    anchors: Any = None
+    anchors: Any = None  # {score: description} or a list of {response, score, task?, reason?}
     length_normalization: bool = False
     length_slope: float | None = None
     length_window: int = 512
     length_min_samples: int = 16
 
-    def validate(self, where: str) -> None:
-        super().validate(where)
-        if not isinstance(self.length_normalization, bool):
-            raise ConfigError(f"{where}: args.length_normalization must be true or false")
-        if self.length_slope is not None and not _is_number(self.length_slope):
-            raise ConfigError(f"{where}: args.length_slope must be a number or null, got {self.length_slope!r}")
-        for key, low in (("length_window", 2), ("length_min_samples", 2)):
-            value = getattr(self, key)
-            if not _is_int(value) or value < low:
-                raise ConfigError(f"{where}: args.{key} must be an integer >= {low}, got {value!r}")
+    def check(self) -> None:
+        super().check()
+        finite("length_slope", self.length_slope)
+        at_least("length_window", self.length_window, 2)
+        at_least("length_min_samples", self.length_min_samples, 2)
         from .prompts import parse_anchors
 
-        parse_anchors(self.anchors, self.scale, where)
+        parse_anchors(self.anchors, self.scale)
 
 
-@dataclass(frozen=True)
+@dataclass
 class PairwiseConfig(_Calibrated):
     """``llm-pairwise``: the response against ``task[reference_field]``, asked in both orders."""
 
@@ -245,17 +183,14 @@ class PairwiseConfig(_Calibrated):
     both_orders: bool = True
     tie_score: float = 0.5
 
-    def validate(self, where: str) -> None:
-        super().validate(where)
-        if not isinstance(self.both_orders, bool):
-            raise ConfigError(f"{where}: args.both_orders must be true or false")
-        if not _is_number(self.tie_score) or not 0.0 <= self.tie_score <= 1.0:
-            raise ConfigError(f"{where}: args.tie_score must be a number in [0, 1], got {self.tie_score!r}")
+    def check(self) -> None:
+        super().check()
+        in_range("tie_score", self.tie_score, 0.0, 1.0)
         if self.reference_field is None:
-            raise ConfigError(f"{where}: args.reference_field must name the task field holding the reference response")
+            raise FieldError("reference_field", "must name the task field holding the reference response")
 
 
-@dataclass(frozen=True)
+@dataclass
 class ListwiseConfig(JudgeConfig):
     """``llm-listwise``: all responses of a group scored together, over K shuffled orders."""
 
@@ -266,15 +201,9 @@ class ListwiseConfig(JudgeConfig):
     permutations: int | None = None  # None: as many as responses, so each is shown once at every position
     shuffle: bool = True
 
-    def validate(self, where: str) -> None:
-        super().validate(where)
-        if self.permutations is not None and (not _is_int(self.permutations) or self.permutations < 1):
-            raise ConfigError(
-                f"{where}: args.permutations must be an integer >= 1 or null (one per response), "
-                f"got {self.permutations!r}"
-            )
-        if not isinstance(self.shuffle, bool):
-            raise ConfigError(f"{where}: args.shuffle must be true or false")
+    def check(self) -> None:
+        super().check()
+        at_least("permutations", self.permutations, 1)
 
 
 CONFIGS: dict[str, type[JudgeConfig]] = {
@@ -282,12 +211,3 @@ CONFIGS: dict[str, type[JudgeConfig]] = {
     "pairwise": PairwiseConfig,
     "listwise": ListwiseConfig,
 }
-
-
-def defaults_of(cls: type[JudgeConfig]) -> dict[str, Any]:
-    """``{key: default}`` of a config class, with tuples shown as lists (as a run file writes them)."""
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        value = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-        out[f.name] = list(value) if isinstance(value, tuple) else value
-    return out

@@ -1,29 +1,33 @@
 """The three LLM judges: pointwise, pairwise (both orders) and listwise (K shuffled orders).
 
-Each is a class configured once with the keys of :mod:`.config` and called with
-core's contract. The registered functions ``llm_pointwise``, ``llm_pairwise``
-and ``llm_listwise`` take the same keys as settings (a run file's ``args``)
-and share one judge object per distinct settings in the process, so the
-concurrency limit, the cache and the length trend are shared too.
+Each is a class configured once with its settings (:mod:`.config`) and called
+with core's contract. Core registers the classes with their settings classes
+and builds one judge per run (``PointwiseJudge(settings)``): the judge owns its
+model client, its verdict cache, its concurrency limit and its length trend,
+and :meth:`LLMJudge.close` (called by core when the run ends) closes them, so
+two runs in one process share nothing. From Python, build one with keyword
+settings (``PointwiseJudge(model="gpt-4o-mini", rubric=...)``) or a settings
+object, and close it (or use it as a context manager) when done.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-import json
+import dataclasses
 import random
 import threading
 import warnings
 import weakref
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from reinforge import GroupRewardOutput, JudgeOutput, TaskStatus
 from reinforge.errors import ConfigError
+from reinforge.settings import load as load_settings
 
 from .cache import cache_key
 from .client import JudgeClient, JudgeFailed, Usage
-from .config import JudgeConfig, ListwiseConfig, PairwiseConfig, PointwiseConfig, defaults_of
+from .config import JudgeConfig, ListwiseConfig, PairwiseConfig, PointwiseConfig
 from .families import same_family
 from .length import LengthTrend
 from .prompts import (
@@ -46,35 +50,78 @@ __all__ = [
     "ListwiseJudge",
     "PairwiseJudge",
     "PointwiseJudge",
-    "llm_listwise",
-    "llm_pairwise",
-    "llm_pointwise",
-    "reset_judges",
 ]
 
 
 class LLMJudge:
-    """What the three judges share: settings, the client, guards and boundary scores."""
+    """What the three judges share: settings, the client, guards and boundary scores.
+
+    :param config: the settings object (what core passes, already checked), or
+        a mapping of settings; or leave it out and give the settings as keywords.
+    :param name: what messages call the judge (default: its registered name).
+    :raises ConfigError: a bad setting, naming the judge and the key
+        (``judge 'llm-pointwise': args.temperature: must be at least 0, got -1``).
+    """
 
     config_class: ClassVar[type[JudgeConfig]] = JudgeConfig
-    reinforge_kind = "model"  # core's rule gate skips model judges for responses that fail it
+    # core's rule gate skips model judges for responses that fail it; the registration declares
+    # kind="model", and this attribute says the same for a judge object passed from Python
+    reinforge_kind = "model"
 
-    def __init__(self, *, name: str | None = None, **settings: Any):
-        where = f"judge {name or self.config_class.registered_name!r}"
-        self.config = self.config_class.from_settings(settings, where=where)
-        self.settings = dict(settings)  # as given, to build a sibling judge (calibration) with the same keys
+    def __init__(
+        self,
+        config: JudgeConfig | Mapping[str, Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        _shared_client: JudgeClient | None = None,
+        **settings: Any,
+    ) -> None:
         self.reinforge_name = name or self.config_class.registered_name
-        self.client = JudgeClient(self.config, self.reinforge_name)
+        self.config = self._settings(config, settings)
+        self._owns_client = _shared_client is None
+        self.client = _shared_client or JudgeClient(self.config, self.reinforge_name)
         self._pairs_checked: dict[tuple[str | None, str | None], float] = {}
         self._lock = threading.Lock()
+        self.closed = False
+
+    def _settings(self, config: Any, settings: dict[str, Any]) -> Any:
+        where = f"judge {self.reinforge_name!r}"
+        if config is None:
+            return load_settings(self.config_class, settings, where=where, prefix="args")
+        if settings:
+            raise TypeError(f"{type(self).__name__}: give a settings object or keyword settings, not both")
+        if isinstance(config, self.config_class):
+            return config
+        if isinstance(config, Mapping):
+            return load_settings(self.config_class, dict(config), where=where, prefix="args")
+        raise TypeError(
+            f"{type(self).__name__} takes a {self.config_class.__name__} (or keyword settings), "
+            f"got {type(config).__name__}"
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.reinforge_name!r}, model={self.config.model!r})"
 
     @property
     def usage(self) -> Usage:
-        """Totals of every judgment this judge made in this process."""
+        """Totals of every judgment this judge made (since it was built: one run, when core built it)."""
         return self.client.totals
+
+    def close(self) -> None:
+        """Close what the judge opened: its verdict cache (core calls this when the run ends; idempotent).
+
+        An in-memory cache forgets its verdicts; a ``cache_path`` file keeps them for the next run.
+        """
+        self.closed = True
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -- guards ----------------------------------------------------------------------------------
     def _policy_name(self, responses: list[Any]) -> str | None:
@@ -130,8 +177,8 @@ class LLMJudge:
 class _SingleResponseJudge(LLMJudge):
     """Pointwise and pairwise judges: one response per call; may require a calibration pass."""
 
-    def __init__(self, *, name: str | None = None, **settings: Any):
-        super().__init__(name=name, **settings)
+    def __init__(self, config: Any = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         self.calibration: Any = None  # the CalibrationReport once require_calibration has run
         self._calibration_error: Exception | None = None
         self._calibration_locks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = (
@@ -163,7 +210,7 @@ class _SingleResponseJudge(LLMJudge):
         raise NotImplementedError
 
     async def _ensure_calibrated(self, auxiliary_models: dict[str, Any] | None) -> None:
-        """Run ``require_calibration`` once per process; after a failed pass every call raises again."""
+        """Run ``require_calibration`` once per judge (per run); after a failed pass every call raises again."""
         if self._calibration_error is not None:
             raise self._calibration_error
         if self.calibration is not None:
@@ -174,9 +221,11 @@ class _SingleResponseJudge(LLMJudge):
             if self.calibration is None:
                 from .calibration import CalibrationError, calibrate_async
 
-                settings = {k: v for k, v in self.settings.items() if k != "require_calibration"}
+                # the same judge without the requirement, sharing this one's client (its cache and limit)
+                unrequired = dataclasses.replace(self.config, require_calibration=None)
+                sibling = type(self)(unrequired, name=self.reinforge_name, _shared_client=self.client)
                 report = await calibrate_async(
-                    type(self)(name=self.reinforge_name, **settings),
+                    sibling,
                     self.config.require_calibration,
                     auxiliary_models=auxiliary_models,
                     min_spearman=self.config.calibration_min_rho,
@@ -202,11 +251,11 @@ class PointwiseJudge(_SingleResponseJudge):
 
     config_class = PointwiseConfig
 
-    def __init__(self, *, name: str | None = None, **settings: Any):
-        super().__init__(name=name, **settings)
+    def __init__(self, config: PointwiseConfig | Mapping[str, Any] | None = None, /, **options: Any) -> None:
+        super().__init__(config, **options)
         cfg = self.config
         assert isinstance(cfg, PointwiseConfig)
-        self.anchors = parse_anchors(cfg.anchors, cfg.scale, f"judge {self.reinforge_name!r}")
+        self.anchors = parse_anchors(cfg.anchors, cfg.scale)
         self.length_trend = LengthTrend(cfg.length_window, cfg.length_min_samples, cfg.length_slope)
 
     async def _judge(self, task: dict, shown: Shown, model: Any, usage: Usage) -> tuple[float, dict[str, float]]:
@@ -370,83 +419,3 @@ def _std(values: list[float]) -> float:
         return 0.0
     mean = sum(values) / len(values)
     return (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5
-
-
-# ---------------------------------------------------------------------------------------------- registered
-
-
-_JUDGES: dict[tuple[type, str], LLMJudge] = {}
-_JUDGES_LOCK = threading.Lock()
-
-
-def judge_for(cls: type[LLMJudge], settings: dict[str, Any]) -> Any:
-    """The one judge object of ``cls`` for these settings in this process."""
-    key = (cls, json.dumps(settings, sort_keys=True, default=repr))
-    with _JUDGES_LOCK:
-        judge = _JUDGES.get(key)
-        if judge is None:
-            judge = _JUDGES[key] = cls(**settings)
-        return judge
-
-
-def reset_judges() -> None:
-    """Forget the shared judge objects (their caches, trends and calibration results), e.g. between tests."""
-    from .cache import close_caches
-
-    with _JUDGES_LOCK:
-        _JUDGES.clear()
-    close_caches()
-
-
-def _signature(first: str, second: str, config: type[JudgeConfig]) -> inspect.Signature:
-    positional = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    params = [
-        inspect.Parameter(first, positional),
-        inspect.Parameter(second, positional),
-        inspect.Parameter("auxiliary_models", positional, default=None),
-        inspect.Parameter("logger", positional, default=None),
-    ]
-    for key, default in defaults_of(config).items():
-        params.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=default))
-    return inspect.Signature(params)
-
-
-async def llm_pointwise(
-    task: dict, response: Any, auxiliary_models: dict[str, Any] | None = None, logger: Any = None, **settings: Any
-) -> JudgeOutput:
-    """Registered judge ``llm-pointwise``: see :class:`PointwiseJudge`; settings are its config keys."""
-    return await judge_for(PointwiseJudge, settings)(task, response, auxiliary_models, logger)
-
-
-async def llm_pairwise(
-    task: dict, response: Any, auxiliary_models: dict[str, Any] | None = None, logger: Any = None, **settings: Any
-) -> JudgeOutput:
-    """Registered judge ``llm-pairwise``: see :class:`PairwiseJudge`; settings are its config keys."""
-    return await judge_for(PairwiseJudge, settings)(task, response, auxiliary_models, logger)
-
-
-async def llm_listwise(
-    task: dict,
-    responses: list[Any],
-    auxiliary_models: dict[str, Any] | None = None,
-    logger: Any = None,
-    **settings: Any,
-) -> GroupRewardOutput:
-    """Registered group reward ``llm-listwise``: see :class:`ListwiseJudge`; settings are its config keys."""
-    return await judge_for(ListwiseJudge, settings)(task, responses, auxiliary_models, logger)
-
-
-for _func, _second, _config in (
-    (llm_pointwise, "response", PointwiseConfig),
-    (llm_pairwise, "response", PairwiseConfig),
-    (llm_listwise, "responses", ListwiseConfig),
-):
-    # core checks settings against the signature: every config key is a keyword setting, others are errors
-    _func.__signature__ = _signature("task", _second, _config)  # type: ignore[attr-defined]
-    _func.reinforge_kind = "model"  # type: ignore[attr-defined]
-    _func.reinforge_name = _config.registered_name  # type: ignore[attr-defined]
-    _func.reinforge_judge_class = {  # type: ignore[attr-defined]
-        PointwiseConfig: PointwiseJudge,
-        PairwiseConfig: PairwiseJudge,
-        ListwiseConfig: ListwiseJudge,
-    }[_config]

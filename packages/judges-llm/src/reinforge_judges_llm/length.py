@@ -20,7 +20,7 @@ __all__ = ["LengthTrend"]
 
 
 class LengthTrend:
-    def __init__(self, window: int = 512, min_samples: int = 16, slope: float | None = None):
+    def __init__(self, window: int = 512, min_samples: int = 16, slope: float | None = None) -> None:
         self.window = window
         self.min_samples = min_samples
         self.fixed_slope = slope

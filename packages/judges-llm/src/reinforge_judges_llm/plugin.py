@@ -3,26 +3,54 @@
 - judges ``llm-pointwise`` and ``llm-pairwise``;
 - group reward ``llm-listwise``;
 - commands ``reinforge judge calibrate`` and ``reinforge judge audit``.
+
+The judges are classes registered with their settings classes: core checks a
+run file's ``args`` against the settings before any model loads, builds one
+judge per run (``PointwiseJudge(settings)``) and closes it when the run ends.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from reinforge import hookimpl
+from reinforge.plugin import hookimpl
 
-from .judges import llm_listwise, llm_pairwise, llm_pointwise
+from .config import ListwiseConfig, PairwiseConfig, PointwiseConfig
+from .judges import ListwiseJudge, PairwiseJudge, PointwiseJudge
+
+REWARD_RANGE = (0.0, 1.0)  # every verdict is normalized onto [0, 1], boundary scores included
 
 
 @hookimpl
 def register_judges(register: Any) -> None:
-    register("llm-pointwise", llm_pointwise)
-    register("llm-pairwise", llm_pairwise)
+    register(
+        "llm-pointwise",
+        PointwiseJudge,
+        settings=PointwiseConfig,
+        kind="model",
+        reward_range=REWARD_RANGE,
+        description="rubric + discrete scale + anchors, reason before verdict; optional length normalization",
+    )
+    register(
+        "llm-pairwise",
+        PairwiseJudge,
+        settings=PairwiseConfig,
+        kind="model",
+        reward_range=REWARD_RANGE,
+        description="the response against a reference response, asked in both orders",
+    )
 
 
 @hookimpl
 def register_group_rewards(register: Any) -> None:
-    register("llm-listwise", llm_listwise)
+    register(
+        "llm-listwise",
+        ListwiseJudge,
+        settings=ListwiseConfig,
+        kind="model",
+        reward_range=REWARD_RANGE,
+        description="all responses of a group scored together over K shuffled orders",
+    )
 
 
 @hookimpl

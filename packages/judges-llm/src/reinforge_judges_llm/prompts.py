@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reinforge import response_text
-from reinforge.errors import ConfigError, RewardError
+from reinforge.errors import RewardError
+from reinforge.settings import FieldError
 
 if TYPE_CHECKING:
     from .config import JudgeConfig
@@ -59,8 +60,11 @@ class Anchors:
     examples: list[dict[str, Any]]
 
 
-def parse_anchors(raw: Any, scale: tuple[int, int], where: str) -> Anchors:
-    """Check ``args.anchors``: ``{score: description}`` or a list of ``{response, score, task?, reason?}``."""
+def parse_anchors(raw: Any, scale: tuple[int, int]) -> Anchors:
+    """Check ``args.anchors``: ``{score: description}`` or a list of ``{response, score, task?, reason?}``.
+
+    :raises FieldError: naming the key under ``anchors`` (the settings checker adds ``args.`` and the file).
+    """
     low, high = scale
     if raw is None:
         levels = dict(DEFAULT_LEVELS_1_5) if (low, high) == (1, 5) else {}
@@ -69,17 +73,17 @@ def parse_anchors(raw: Any, scale: tuple[int, int], where: str) -> Anchors:
         try:
             raw = json.loads(raw)
         except ValueError:
-            raise ConfigError(f"{where}: args.anchors is a string but not JSON; write a mapping or a list") from None
+            raise FieldError("anchors", "is a string but not JSON; write a mapping or a list") from None
     if isinstance(raw, dict):
         levels = {}
         for key, text in raw.items():
             try:
                 score = int(key)
             except (TypeError, ValueError):
-                raise ConfigError(f"{where}: args.anchors key {key!r} is not an integer score") from None
+                raise FieldError("anchors", f"key {key!r} is not an integer score") from None
             if not low <= score <= high or not isinstance(text, str):
-                raise ConfigError(
-                    f"{where}: args.anchors[{key!r}] must describe a score in [{low}, {high}] as a string, got {text!r}"
+                raise FieldError(
+                    f"anchors[{key!r}]", f"must describe a score in [{low}, {high}] as a string, got {text!r}"
                 )
             levels[score] = text
         return Anchors(dict(sorted(levels.items())), [])
@@ -87,20 +91,20 @@ def parse_anchors(raw: Any, scale: tuple[int, int], where: str) -> Anchors:
         examples = []
         for i, item in enumerate(raw):
             if not isinstance(item, dict) or "response" not in item or "score" not in item:
-                raise ConfigError(
-                    f"{where}: args.anchors[{i}] must be a mapping with 'response' and 'score' "
-                    f"(and optionally 'task', 'reason'), got {item!r}"
+                raise FieldError(
+                    f"anchors[{i}]",
+                    f"must be a mapping with 'response' and 'score' (and optionally 'task', 'reason'), got {item!r}",
                 )
             score = item["score"]
             if not isinstance(score, int) or isinstance(score, bool) or not low <= score <= high:
-                raise ConfigError(f"{where}: args.anchors[{i}].score must be an integer in [{low}, {high}]")
+                raise FieldError(f"anchors[{i}].score", f"must be an integer in [{low}, {high}], got {score!r}")
             unknown = sorted(set(item) - {"response", "score", "task", "reason"})
             if unknown:
-                raise ConfigError(f"{where}: args.anchors[{i}] has unknown key(s) {unknown}")
+                raise FieldError(f"anchors[{i}]", f"has unknown key(s) {unknown}")
             examples.append(dict(item))
         levels = dict(DEFAULT_LEVELS_1_5) if (low, high) == (1, 5) else {}
         return Anchors(levels, examples)
-    raise ConfigError(f"{where}: args.anchors must be a mapping of score to description or a list of examples")
+    raise FieldError("anchors", "must be a mapping of score to description or a list of examples")
 
 
 # ------------------------------------------------------------------------------------------ inputs
