@@ -217,13 +217,14 @@ class TrainingSession:
                     self.close()
             except BaseException:
                 # what the run got to, for observers; core records the status and the error
-                ctx.summary.update({k: v for k, v in self.summary().items() if k != "status"})
+                got = {k: v for k, v in self.summary().items() if k != "status" and not (k == "run_dir" and v is None)}
+                ctx.summary.update(got)
                 raise
             summary = self.summary()
-            ctx.summary.update(summary)
-        if self.run_dir is not None:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        _say(_summary_line(summary))
+            ctx.summary.update(summary)  # on_run_end gets it also when this backend is run directly
+            if self.run_dir is not None:
+                (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            _say(_summary_line(summary))
         return summary
 
     def setup(self) -> None:
@@ -341,7 +342,9 @@ class TrainingSession:
         self.progress.update(step, record)
         if algo.save_interval_steps and step % algo.save_interval_steps == 0:
             self._save()
-        if self.eval_rows and algo.eval_interval_steps and step % algo.eval_interval_steps == 0 and step < self.total:
+        stopping = self.ctx is not None and self.ctx.stop_requested  # finish() evaluates, if at all
+        due = self.eval_rows and algo.eval_interval_steps and step % algo.eval_interval_steps == 0
+        if due and step < self.total and not stopping:
             self._evaluate(step, say=self.progress.note)
         return record
 
@@ -362,6 +365,7 @@ class TrainingSession:
 
     def close(self) -> None:
         """Release what :meth:`setup` opened (idempotent)."""
+        self.progress.stop()
         if self.log is not None:
             self.log.close()
             self.log = None
@@ -543,3 +547,5 @@ class _Progress:
     def stop(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+            self._bar = None
+            self.enabled = False
