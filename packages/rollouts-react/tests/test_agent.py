@@ -317,11 +317,13 @@ def test_messages_questions_keep_their_system_text_and_the_transcript_reads_well
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"max_turns": 0}, "max_turns must be an integer >= 1"),
-        ({"action_format": "xml"}, "action_format must be one of auto, native, text, json; got 'xml'"),
-        ({"tool_timeout": -1}, "tool_timeout must be a positive number"),
+        ({"max_turns": 0}, "max_turns: must be at least 1, got 0"),
+        ({"max_turns": 2.5}, "max_turns: expected an integer, got float 2.5"),
+        ({"action_format": "xml"}, "action_format: must be one of auto, native, text, json; got 'xml'"),
+        ({"tool_timeout": -1}, "tool_timeout: must be greater than 0"),
         ({"tools": ["no_such_tool"]}, "tools[0]: no tool named 'no_such_tool' is registered"),
-        ({"max_observation_chars": 0}, "max_observation_chars must be at least 1"),
+        ({"max_observation_chars": 0}, "max_observation_chars: must be at least 1"),
+        ({"sampling": "hot"}, "sampling: expected a mapping or null, got str 'hot'"),
     ],
 )
 def test_bad_settings_are_config_errors_naming_the_setting(options, message):
@@ -330,13 +332,18 @@ def test_bad_settings_are_config_errors_naming_the_setting(options, message):
     assert message in str(info.value)
     with pytest.raises(ConfigError) as info:  # the same check, without a model, for run files
         check_settings(options)
-    assert message in str(info.value)
+    assert f"react workflow: args.{message}" in str(info.value)
 
 
 def test_good_settings_pass_the_check():
-    check_settings({"tools": ["calculator"], "max_turns": 3, "question_field": "prompt", "action_format": "text"})
-    with pytest.raises(ConfigError, match="question_field must be a non-empty string"):
+    checked = check_settings({"tools": ["calculator"], "max_turns": 3, "question_field": "prompt", "stop": "END"})
+    assert checked.max_turns == 3 and checked.stop == ["END"] and checked.tools == ["calculator"]
+    with pytest.raises(ConfigError, match="react workflow: args.question_field: must be a non-empty string"):
         check_settings({"question_field": ""})
+    with pytest.raises(
+        ConfigError, match=r"react workflow: unknown key 'args.max_turn' \(did you mean 'max_turns'\?\)"
+    ):
+        check_settings({"max_turn": 3})
 
 
 def test_the_workflow_reads_a_configurable_task_field_and_says_which_is_missing():

@@ -1,16 +1,16 @@
-"""register_tools: the hook, owners, duplicates, and tools lists from run files."""
+"""register_tools: the hook (added through reinforge_addhooks), owners, conflicts, and tools lists from run files."""
 
 import sys
 import textwrap
 
 import pytest
 
+import reinforge_rollouts_react.plugin as ours
 from reinforge import hookimpl
-from reinforge.errors import ConfigError, PluginError
-from reinforge.plugins import get_plugin_manager
+from reinforge.errors import ConfigError
+from reinforge.plugin import PluginError, Registry, get_plugin_manager
 from reinforge.testing import check_entry_point
-from reinforge_rollouts_react import Tool, calculator, resolve_tools, tool, tool_registry
-from reinforge_rollouts_react.registry import installed_tools
+from reinforge_rollouts_react import TOOLS, Tool, calculator, resolve_tools, tool, tool_registry
 
 
 @tool
@@ -36,6 +36,22 @@ class OtherCalculatorPlugin:
         register("calculator", lambda expression: "0")
 
 
+class BrokenToolsPlugin:
+    @hookimpl
+    def register_tools(self, register):
+        register(word_count)
+        register(42)  # not a function: this plugin is broken, the others keep working
+
+
+def with_plugins(*plugins):
+    """A plugin manager with this package's plugin (which adds the register_tools hookspec) and ``plugins``."""
+    pm = get_plugin_manager(load_entrypoints=False)
+    pm.register(ours, name="reinforge-rollouts-react")
+    for plugin in plugins:
+        pm.register(plugin, name=f"reinforge-{type(plugin).__name__.lower()}")
+    return pm
+
+
 def test_the_entry_point_registers_the_react_workflow():
     check_entry_point("reinforge-rollouts-react", workflows=["react"])
 
@@ -45,30 +61,50 @@ def test_installed_tools_are_the_safe_builtins_only():
     assert registry.get("calculator") is calculator
     assert registry.owner("calculator") == "reinforge-rollouts-react"
     assert set(registry.names()) == {"calculator"}  # no shell or network tool is registered by default
+    assert isinstance(registry.registry, Registry) and registry.registry.names(TOOLS) == ["calculator"]
 
 
-def test_plugins_publish_tools_with_their_owner():
+def test_the_hookspec_comes_through_reinforge_addhooks_and_a_tools_plugin_is_not_broken():
+    pm = with_plugins(WordsPlugin())
+    assert pm.hook.register_tools.has_spec()
+    assert pm.broken == []  # no optionalhook needed: the spec was added as our plugin registered
+    registry = tool_registry(pm)
+    assert registry.names() == ["calculator", "shout", "word_count"]
+    assert registry.owner("word_count") == "reinforge-wordsplugin"
+    assert isinstance(registry.get("shout"), Tool) and registry.get("shout")("hey") == "HEY"
+    assert tool_registry(pm).names() == registry.names()  # a new registry each time, the same tools
+    assert tool_registry(pm).registry is not registry.registry
+
+
+def test_a_tools_hook_without_this_package_matches_no_spec_and_its_plugin_is_broken():
+    import reinforge.plugins as core_plugins
+
     pm = get_plugin_manager(load_entrypoints=False)
     pm.register(WordsPlugin(), name="reinforge-words")
-    registry = tool_registry(pm)
-    assert registry.names() == ["shout", "word_count"]
-    assert registry.owner("word_count") == "reinforge-words"
-    assert isinstance(registry.get("shout"), Tool) and registry.get("shout")("hey") == "HEY"
-    assert tool_registry(pm).names() == ["shout", "word_count"]  # the hookspec is added once
+    problems = core_plugins.check_hookimpls(pm)  # what core runs after loading the installed plugins
+    assert len(problems) == 1 and "'register_tools'" in problems[0][1] and "no plugin specifies" in problems[0][1]
 
 
-def test_two_plugins_registering_one_tool_name_is_an_error_naming_both():
-    pm = get_plugin_manager(load_entrypoints=False)
-    import reinforge_rollouts_react.plugin as ours
-
-    pm.register(ours, name="reinforge-rollouts-react")
-    pm.register(OtherCalculatorPlugin(), name="reinforge-other-calc")
+def test_two_plugins_registering_one_tool_name_is_an_error_naming_both_when_used():
+    registry = tool_registry(with_plugins(OtherCalculatorPlugin()))
+    assert registry.conflicts == {"calculator": ["reinforge-rollouts-react", "reinforge-othercalculatorplugin"]}
+    assert "calculator" not in registry.names()
     with pytest.raises(PluginError) as info:
-        tool_registry(pm)
+        registry.get("calculator")
     message = str(info.value)
     assert "tool 'calculator' is registered twice" in message
-    assert "'reinforge-rollouts-react'" in message and "'reinforge-other-calc'" in message
+    assert "'reinforge-rollouts-react'" in message and "'reinforge-othercalculatorplugin'" in message
     assert "REINFORGE_LOAD_PLUGINS" in message
+    with pytest.raises(ConfigError, match=r"tools\[0\]: tool 'calculator' is registered twice"):
+        resolve_tools(["calculator"], registry)
+
+
+def test_a_plugin_whose_tools_hook_raises_is_broken_and_the_others_keep_working():
+    pm = with_plugins(BrokenToolsPlugin())
+    registry = tool_registry(pm)
+    assert "calculator" in registry.names()
+    assert "reinforge-brokentoolsplugin" in registry.broken
+    assert "register_tools raised ToolDefinitionError" in registry.broken["reinforge-brokentoolsplugin"]
 
 
 def test_tools_lists_accept_names_references_functions_and_overrides(tmp_path, monkeypatch):
@@ -113,8 +149,11 @@ def test_bad_tools_lists_name_the_entry(specs, message):
     assert message in str(info.value)
 
 
-def test_plugin_selection_applies_to_tools(monkeypatch):
+def test_plugin_selection_applies_to_tools_and_nothing_is_cached(monkeypatch):
     monkeypatch.setenv("REINFORGE_LOAD_PLUGINS", "")
-    assert installed_tools().names() == []
+    assert tool_registry().names() == []
+    with pytest.raises(ConfigError, match=r"tools\[0\]: no tool named 'calculator' is registered"):
+        resolve_tools(["calculator"])
     monkeypatch.setenv("REINFORGE_LOAD_PLUGINS", "reinforge-rollouts-react")
-    assert installed_tools().names() == ["calculator"]
+    assert tool_registry().names() == ["calculator"]
+    assert resolve_tools(["calculator"]) == [calculator]

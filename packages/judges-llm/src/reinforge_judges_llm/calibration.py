@@ -268,7 +268,7 @@ async def calibrate_async(
         outputs = await score_examples(bound, examples, auxiliary_models=auxiliary_models, concurrency=concurrency)
     finally:
         bound.close()  # what was built for this calibration (a judge's client and cache)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for example, out in zip(examples, outputs):
         ok = out.status.value == "success"
         rows.append(
@@ -280,15 +280,15 @@ async def calibrate_async(
             }
         )
     scored = [r for r in rows if r["reward"] is not None]
-    labels = [r["label"] for r in scored]
-    rewards = [r["reward"] for r in scored]
+    labels: list[float] = [float(r["label"]) for r in scored]
+    rewards: list[float] = [float(r["reward"]) for r in scored]
     rho = spearman(labels, rewards) if len(scored) >= 2 else None
     tau = kendall_tau(labels, rewards) if len(scored) >= 2 else None
     categories, why_no_kappa = _categories(labels, label_scale)
     kappa = None
     if categories is not None and scored:
-        for r in scored:
-            r["category"] = _to_category(r["reward"], categories)
+        for r, reward in zip(scored, rewards):
+            r["category"] = _to_category(reward, categories)
         human = [min(categories[-1], max(categories[0], float(math.floor(v + 0.5)))) for v in labels]
         kappa = cohen_kappa(human, [r["category"] for r in scored], categories=categories, weights=kappa_weights)
 

@@ -372,7 +372,7 @@ class ListwiseJudge(LLMJudge):
         judged = [i for i in range(n) if rewards[i] is None]
         metrics: dict[str, float] = {"skipped": float(n - len(judged))}
         if not judged:
-            return GroupRewardOutput(rewards=[float(r) for r in rewards], metrics={**metrics, **usage.metrics()})
+            return GroupRewardOutput(rewards=[float(r or 0.0) for r in rewards], metrics={**metrics, **usage.metrics()})
         model = self.client.model_for(auxiliary_models)
         metrics["self_preference_risk"] = self._self_preference(model, list(responses))
         prompt = task_text(task, cfg, self.reinforge_name)
@@ -411,7 +411,7 @@ class ListwiseJudge(LLMJudge):
                 **usage.metrics(),
             }
         )
-        return GroupRewardOutput(rewards=[float(r) for r in rewards], metrics=metrics)
+        return GroupRewardOutput(rewards=[float(r or 0.0) for r in rewards], metrics=metrics)  # every one is set
 
 
 def _std(values: list[float]) -> float:

@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reinforge import ChatModel, ChatResponse, TaskStatus, WorkflowOutput
-from reinforge.errors import ConfigError
 
 from .parsing import ParsedAction, parse_action
 from .prompts import DEFAULT_SYS_PROMPT, JSON_PROTOCOL, TEXT_PROTOCOL, render_protocol
 from .registry import ToolRegistry, resolve_tools
+from .settings import ACTION_FORMATS, DEFAULT_STOP, ReactSettings
 from .tools import Tool, ToolArgumentError, ToolTimeoutError, format_result
 
 __all__ = [
@@ -41,12 +41,10 @@ __all__ = [
     "model_supports_tools",
 ]
 
-ACTION_FORMATS = ("auto", "native", "text", "json")
 FINISH_ANSWER = "answer"
 FINISH_MAX_TURNS = "max_turns"
 FINISH_MODEL_ERROR = "model_error"
 FINISH_REASONS = (FINISH_ANSWER, FINISH_MAX_TURNS, FINISH_MODEL_ERROR)
-DEFAULT_STOP: tuple[str, ...] = ("\nObservation:",)
 COUNTERS = (
     "tool_call_count",
     "invalid_action_count",
@@ -165,7 +163,11 @@ class ReActAgent:
     :param stop: stop sequences sent with the text formats, so the model does
         not write the observation itself; ``None`` sends none.
     :param sampling: extra sampling parameters for every call (temperature, ...).
-    :param registry: where tool names are looked up (installed plugins' when None).
+    :param registry: where tool names are looked up (when None and ``tools``
+        names one, the installed plugins' tools, in a registry built for this agent).
+    :param base_dir: a folder put on ``sys.path`` while ``module:attr`` tools import.
+    :raises ConfigError: a bad setting, checked as the run file's ``workflow.args``
+        are (:class:`ReactSettings`), e.g. ``ReactSettings: max_turns: must be at least 1, got 0``.
     """
 
     def __init__(
@@ -183,36 +185,35 @@ class ReActAgent:
         stop: Sequence[str] | None = DEFAULT_STOP,
         sampling: dict[str, Any] | None = None,
         registry: ToolRegistry | None = None,
+        base_dir: str | None = None,
         logger: logging.Logger | None = None,
-    ):
-        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
-            raise ConfigError(f"max_turns must be an integer >= 1, got {max_turns!r}")
-        if action_format not in ACTION_FORMATS:
-            raise ConfigError(f"action_format must be one of {', '.join(ACTION_FORMATS)}; got {action_format!r}")
-        if tool_timeout is not None and not (isinstance(tool_timeout, (int, float)) and tool_timeout > 0):
-            raise ConfigError(f"tool_timeout must be a positive number of seconds or null, got {tool_timeout!r}")
-        if isinstance(max_observation_chars, bool) or not isinstance(max_observation_chars, int):
-            raise ConfigError(f"max_observation_chars must be an integer, got {max_observation_chars!r}")
-        if max_observation_chars < 1:
-            raise ConfigError(f"max_observation_chars must be at least 1, got {max_observation_chars}")
-        if sampling is not None and not isinstance(sampling, dict):
-            raise ConfigError(f"sampling must be a mapping of sampling parameters, got {sampling!r}")
-        if isinstance(stop, str):
-            stop = [stop]
+    ) -> None:
+        checked = ReactSettings(  # the same checks as a run file's workflow.args (tools are resolved below)
+            tools=[],
+            sys_prompt=sys_prompt or "",
+            max_turns=max_turns,
+            action_format=action_format,
+            tool_timeout=tool_timeout,
+            max_observation_chars=max_observation_chars,
+            strict_format=strict_format,
+            protocol_prompt=protocol_prompt,
+            stop=stop,  # type: ignore[arg-type]  # a sequence or one string; the settings make it a list
+            sampling=sampling,
+        )
         self.model = model
-        self.tools: list[Tool] = resolve_tools(tools, registry)
-        self.sys_prompt = sys_prompt or ""
-        self.max_turns = max_turns
-        self.requested_format = action_format
-        self.action_format = action_format
-        if action_format == "auto":
+        self.tools: list[Tool] = resolve_tools(tools, registry, base_dir=base_dir)
+        self.sys_prompt = checked.sys_prompt
+        self.max_turns = checked.max_turns
+        self.requested_format = checked.action_format
+        self.action_format = checked.action_format
+        if checked.action_format == "auto":
             self.action_format = "native" if model_supports_tools(model) else "text"
-        self.tool_timeout = tool_timeout
-        self.max_observation_chars = max_observation_chars
-        self.strict_format = strict_format
-        self.protocol_prompt = protocol_prompt
-        self.stop = list(stop) if stop else None
-        self.sampling = dict(sampling or {})
+        self.tool_timeout = checked.tool_timeout
+        self.max_observation_chars = checked.max_observation_chars
+        self.strict_format = checked.strict_format
+        self.protocol_prompt = checked.protocol_prompt
+        self.stop = list(checked.stop) if checked.stop else None
+        self.sampling = dict(checked.sampling or {})
         self.logger = logger or logging.getLogger("reinforge_rollouts_react")
 
     # -- prompts -------------------------------------------------------------------------------
@@ -403,6 +404,7 @@ class ReActAgent:
         except ToolTimeoutError as exc:
             counts["tool_error_count"] += 1
             counts["tool_timeout_count"] += 1
+            error: str | None
             kind, observation, error = "tool_timeout", f"Error: {exc}.", str(exc)
         except Exception as exc:
             counts["tool_error_count"] += 1

@@ -1,26 +1,46 @@
 """The plugin module named by this distribution's ``reinforge`` entry point.
 
-Registers the ``react`` workflow and the built-in tools (only ``calculator``:
-no shell or network tool is registered, so none can be enabled by accident).
+- adds this package's ``register_tools`` hookspec through core's historic
+  ``reinforge_addhooks`` hook, so other plugins can implement it and a typo in
+  their hook names is caught like any other;
+- registers the ``react`` workflow (:class:`ReactWorkflow`, with
+  :class:`ReactSettings`: core checks ``workflow.args`` when a run loads and
+  builds one workflow per run);
+- registers the built-in tools: only ``calculator`` (no shell or network tool
+  is registered, so none can be enabled by accident).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from reinforge import hookimpl
+import pluggy
+
+from reinforge.plugin import hookimpl
+
+
+@hookimpl
+def reinforge_addhooks(pluginmanager: pluggy.PluginManager) -> None:
+    from . import hookspecs
+
+    caller = getattr(pluginmanager.hook, "register_tools", None)
+    if caller is None or not caller.has_spec():
+        pluginmanager.add_hookspecs(hookspecs)
 
 
 @hookimpl
 def register_workflows(register: Any) -> None:
-    from .workflow import react_workflow
+    from .workflow import ReactSettings, ReactWorkflow
 
-    register("react", react_workflow)
+    register(
+        "react",
+        ReactWorkflow,
+        settings=ReactSettings,
+        description="a ReAct agent episode per task: think, call tools, observe, answer",
+    )
 
 
-# optionalhook: the hookspec is ours, added to a plugin manager only when a tool registry is built,
-# so core's checks of unknown hooks must not reject it before that.
-@hookimpl(optionalhook=True)
+@hookimpl
 def register_tools(register: Any) -> None:
     from .calculator import calculator
 

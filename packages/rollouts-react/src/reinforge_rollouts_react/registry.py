@@ -1,185 +1,198 @@
 """Tools by name: the ``register_tools`` hook, and turning a run file's ``tools:`` list into tools.
 
+Tools are a kind of their own in core's registry (``Kind("tools", "tool")``),
+collected from every plugin's ``register_tools`` hook by
+:func:`reinforge.plugin.collect`, one plugin at a time so each name has an
+owner; two plugins registering the same name make it a conflict naming both,
+which is an error when the name is used. The registry is built when it is
+needed (once per run by the registered ``react`` workflow), never cached at
+module level.
+
 A ``tools`` entry is a registered name (``calculator``), a ``module:attr``
 reference to a function or :class:`Tool`, a function or :class:`Tool` (from
 Python), or a mapping ``{name: <one of those>, timeout: 5, description: ...}``
-that overrides the tool's settings.
+that overrides the tool's settings. Names and references are resolved with
+:func:`reinforge.plugin.resolve_ref`, with its did-you-mean hints.
 """
 
 from __future__ import annotations
 
-import difflib
-import importlib
-import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
-from reinforge.errors import ConfigError, PluginError
-from reinforge.plugins import ENV_VAR, get_plugin_manager, plugin_distribution
+from reinforge.errors import ConfigError, ResolveError
+from reinforge.plugin import FieldError, Kind, PluginError, Registry, collect, get_plugin_manager, resolve_ref
 
-from . import hookspecs
 from .tools import Tool, tool
 
-__all__ = ["RegisteredTool", "ToolRegistry", "resolve_tools", "tool_registry"]
+__all__ = ["TOOLS", "ToolRegistry", "check_tools", "resolve_tools", "tool_registry"]
 
+TOOLS = Kind("tools", "tool")
 _OVERRIDES = ("timeout", "description")
 
 
-@dataclass
-class RegisteredTool:
-    """A tool and the distribution that registered it."""
+class _ToolRegistrations(Registry):
+    """Core's registry; for tools, ``register`` also takes a lone :class:`Tool` or function (named by itself)."""
 
-    tool: Tool
-    owner: str
+    def registrar(self, kind: str | Kind, owner: str) -> Callable[..., None]:
+        register = super().registrar(kind, owner)
+        if self._kind(kind).plural != TOOLS.plural:
+            return register
 
-
-@dataclass
-class ToolRegistry:
-    """Every tool published through ``register_tools``, by name."""
-
-    tools: dict[str, RegisteredTool] = field(default_factory=dict)
-
-    def names(self) -> list[str]:
-        return sorted(self.tools)
-
-    def get(self, name: str) -> Tool | None:
-        entry = self.tools.get(name)
-        return entry.tool if entry is not None else None
-
-    def owner(self, name: str) -> str | None:
-        entry = self.tools.get(name)
-        return entry.owner if entry is not None else None
-
-    def registrar(self, owner: str) -> Callable[..., None]:
-        """The ``register`` callable handed to one plugin's ``register_tools``."""
-
-        def register(name_or_tool: Any, obj: Any = None) -> None:
+        def register_tool(name_or_tool: Any, obj: Any = None, *, description: str = "") -> None:
             if obj is None:
                 made = tool(name_or_tool)
             else:
                 if not isinstance(name_or_tool, str) or not name_or_tool:
                     raise PluginError(f"{owner}: register(name, tool) needs a non-empty string name")
                 made = tool(obj, name=name_or_tool)
-            existing = self.tools.get(made.name)
-            if existing is not None:
-                raise PluginError(
-                    f"tool {made.name!r} is registered twice: by {existing.owner!r} and by {owner!r}; "
-                    f"uninstall one or select plugins with {ENV_VAR}"
-                )
-            self.tools[made.name] = RegisteredTool(made, owner)
+            if description:
+                made = made.replace(description=description)
+            register(made.name, made, description=made.description)
 
-        return register
+        return register_tool
 
 
-def add_hookspecs(pm: pluggy.PluginManager) -> None:
-    """Teach ``pm`` the ``register_tools`` hook (once)."""
-    caller = getattr(pm.hook, "register_tools", None)
-    if caller is None or not caller.has_spec():
-        pm.add_hookspecs(hookspecs)
+@dataclass
+class ToolRegistry:
+    """Every tool published through ``register_tools``, by name, over core's :class:`~reinforge.plugin.Registry`."""
+
+    registry: Registry
+
+    def names(self) -> list[str]:
+        """Registered tool names (a name two plugins claim is left out: using it is an error)."""
+        return self.registry.names(TOOLS)
+
+    def get(self, name: str) -> Tool | None:
+        """The tool, None when nobody registered it; a name two plugins claim is a :class:`PluginError`."""
+        entry = self.registry.get(TOOLS, name)
+        return entry.obj if entry is not None else None
+
+    def owner(self, name: str) -> str | None:
+        """The distribution that registered ``name``."""
+        entry = self.registry.get(TOOLS, name)
+        return entry.owner if entry is not None else None
+
+    @property
+    def conflicts(self) -> dict[str, list[str]]:
+        """Tool names two or more plugins registered, with their owners."""
+        return {name: owners for (kind, name), owners in self.registry.conflicts.items() if kind == TOOLS.plural}
+
+    @property
+    def broken(self) -> dict[str, str]:
+        """Plugins whose ``register_tools`` raised (distribution -> reason)."""
+        return dict(self.registry.broken)
 
 
 def tool_registry(pm: pluggy.PluginManager | None = None) -> ToolRegistry:
-    """Call every plugin's ``register_tools``, one plugin at a time so each tool has an owner.
+    """Build the tool registry: every plugin's ``register_tools``, one plugin at a time.
 
-    :param pm: a plugin manager from :func:`reinforge.get_plugin_manager`; the
-        installed plugins' (respecting ``REINFORGE_LOAD_PLUGINS``) when None.
-    :raises PluginError: when two plugins register the same tool name.
+    :param pm: a plugin manager from :func:`reinforge.plugin.get_plugin_manager`
+        (the ``register_tools`` hookspec comes with this package's plugin, through
+        ``reinforge_addhooks``); the installed plugins' (respecting
+        ``REINFORGE_LOAD_PLUGINS``) when None. Nothing is cached: each call
+        builds a new registry.
+    :return: the tools; a plugin whose hook raised is in ``.broken``, a name two
+        plugins registered in ``.conflicts`` (an error naming both when used).
     """
     pm = pm or get_plugin_manager()
-    add_hookspecs(pm)
-    registry = ToolRegistry()
-    for impl in pm.hook.register_tools.get_hookimpls():
-        owner, _ = plugin_distribution(pm, impl.plugin)
-        impl.function(register=registry.registrar(owner))
-    return registry
+    registry = _ToolRegistrations()
+    for broken in getattr(pm, "broken", ()):
+        registry.broken[broken.distribution] = broken.reason
+    collect(pm, TOOLS, registry)
+    return ToolRegistry(registry)
 
 
-_CACHE: dict[str | None, ToolRegistry] = {}
+# --------------------------------------------------------------------------- tools lists
 
 
-def installed_tools() -> ToolRegistry:
-    """The installed plugins' tools, built once per value of ``REINFORGE_LOAD_PLUGINS``."""
-    key = os.environ.get(ENV_VAR)
-    if key not in _CACHE:
-        _CACHE[key] = tool_registry()
-    return _CACHE[key]
+class _Lazy:
+    """The registry, built on the first name that needs it (a list of functions or references needs none)."""
+
+    def __init__(self, registry: ToolRegistry | None) -> None:
+        self._registry = registry
+
+    def get(self) -> ToolRegistry:
+        if self._registry is None:
+            self._registry = tool_registry()
+        return self._registry
 
 
-def _import(ref: str, where: str) -> Any:
-    module_name, _, attr = ref.partition(":")
-    if not module_name.strip() or not attr.strip():
-        raise ConfigError(f"{where}: tool reference {ref!r} must look like 'module:attr'")
-    try:
-        obj: Any = importlib.import_module(module_name.strip())
-    except Exception as exc:
-        raise ConfigError(f"{where}: cannot import module {module_name.strip()!r} for tool {ref!r}: {exc}") from exc
-    for part in attr.strip().split("."):
-        if not hasattr(obj, part):
-            raise ConfigError(f"{where}: tool {ref!r}: {getattr(obj, '__name__', obj)!r} has no attribute {part!r}")
-        obj = getattr(obj, part)
-    return obj
-
-
-def _one(spec: Any, where: str, registry: ToolRegistry | None) -> Tool:
+def _one(spec: Any, key: str, registry: _Lazy, base_dir: str | None) -> Tool:
     if isinstance(spec, Mapping):
         options = dict(spec)
         ref = options.pop("name", None) or options.pop("ref", None)
         unknown = sorted(set(options) - set(_OVERRIDES))
         if ref is None or unknown:
             detail = f"unknown key(s) {unknown}" if unknown else "missing 'name'"
-            raise ConfigError(
-                f"{where}: {detail}; a tool entry is {{name: <tool>, timeout: <seconds>, description: ...}}"
-            )
-        base = _one(ref, where, registry)
+            raise FieldError(key, f"{detail}; a tool entry is {{name: <tool>, timeout: <seconds>, description: ...}}")
+        base = _one(ref, key, registry, base_dir)
         try:
             return base.replace(**options)
         except Exception as exc:
-            raise ConfigError(f"{where}: {exc}") from exc
+            raise FieldError(key, str(exc)) from exc
     if isinstance(spec, Tool):
         return spec
     if isinstance(spec, str):
-        if ":" in spec:
-            obj = _import(spec, where)
-            if not callable(obj):
-                raise ConfigError(f"{where}: {spec!r} is a {type(obj).__name__}, not a function or Tool")
-            return tool(obj)
-        registry = registry if registry is not None else installed_tools()
-        found = registry.get(spec)
-        if found is None:
-            names = registry.names()
-            close = difflib.get_close_matches(spec, names, n=1, cutoff=0.6)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            listing = f"registered tools: {', '.join(names)}" if names else "no tools are registered"
-            raise ConfigError(
-                f"{where}: no tool named {spec!r} is registered{hint}; {listing}. "
-                "To use your own function, write 'module:function'"
-            )
-        return found
+        lookup = None if ":" in spec else registry.get().registry
+        try:
+            obj = resolve_ref(spec, TOOLS, lookup, base_dir=base_dir)
+        except ResolveError as exc:
+            raise FieldError(key, str(exc)) from None
+        if not callable(obj):
+            raise FieldError(key, f"{spec!r} is a {type(obj).__name__}, not a function or Tool")
+        return tool(obj)
     if callable(spec):
         return tool(spec)
-    raise ConfigError(f"{where}: a tool is a name, 'module:attr', a function or a Tool, got {spec!r}")
+    raise FieldError(key, f"a tool is a name, 'module:attr', a function or a Tool, got {spec!r}")
 
 
-def resolve_tools(
-    specs: Iterable[Any] | None, registry: ToolRegistry | None = None, *, where: str = "tools"
+def check_tools(
+    specs: Iterable[Any] | None,
+    registry: ToolRegistry | None = None,
+    *,
+    key: str = "tools",
+    base_dir: str | None = None,
 ) -> list[Tool]:
-    """Turn a ``tools`` list into :class:`Tool` objects; errors name the entry (``tools[1]``).
+    """:func:`resolve_tools`, raising :class:`~reinforge.plugin.FieldError` with the key of the entry (``tools[1]``).
 
-    Names are looked up in ``registry`` (the installed plugins' tools when None).
+    Used by the settings check, so core puts the file and ``workflow.args`` in front.
     """
     if specs is None:
         return []
     if isinstance(specs, (str, Mapping, Tool)) or callable(specs):
         specs = [specs]
+    lazy = _Lazy(registry)
     tools: list[Tool] = []
     seen: dict[str, int] = {}
     for i, spec in enumerate(specs):
-        made = _one(spec, f"{where}[{i}]", registry)
+        made = _one(spec, f"{key}[{i}]", lazy, base_dir)
         if made.name in seen:
-            raise ConfigError(f"{where}[{i}]: tool {made.name!r} is already given as {where}[{seen[made.name]}]")
+            raise FieldError(f"{key}[{i}]", f"tool {made.name!r} is already given as {key}[{seen[made.name]}]")
         seen[made.name] = i
         tools.append(made)
     return tools
+
+
+def resolve_tools(
+    specs: Iterable[Any] | None,
+    registry: ToolRegistry | None = None,
+    *,
+    where: str = "tools",
+    base_dir: str | None = None,
+) -> list[Tool]:
+    """Turn a ``tools`` list into :class:`Tool` objects; errors name the entry (``tools[1]``).
+
+    :param registry: where names are looked up; when None and a name needs it,
+        the installed plugins' tools (a registry built for this call).
+    :param where: the key of the list in messages.
+    :param base_dir: a folder put on ``sys.path`` while ``module:attr`` references import.
+    :raises ConfigError: ``tools[0]: no tool named 'calculater' is registered (did you mean 'calculator'?); ...``.
+    """
+    try:
+        return check_tools(specs, registry, key=where, base_dir=base_dir)
+    except FieldError as exc:
+        raise ConfigError(exc.render()) from exc

@@ -78,11 +78,11 @@ def json_schema(annotation: Any, where: str = "") -> dict[str, Any]:
         return dict(_SCALARS[annotation])
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
-        schema = json_schema(args[0], where)
+        described = json_schema(args[0], where)
         notes = [a for a in args[1:] if isinstance(a, str)]
         if notes:
-            schema["description"] = " ".join(notes)
-        return schema
+            described["description"] = " ".join(notes)
+        return described
     if origin is typing.Union or (hasattr(types, "UnionType") and isinstance(annotation, types.UnionType)):
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:  # Optional[X]: the argument is optional, its type is X

@@ -9,25 +9,37 @@ From a run file::
         max_turns: 4
         sys_prompt: "Solve the arithmetic problem."
 
-From Python, bind the settings with :func:`functools.partial` (or call
-:func:`react_workflow` inside your own workflow)::
+``react`` is :class:`ReactWorkflow`, registered with :class:`ReactSettings`:
+core checks ``args`` when the run loads (an unknown key, a wrong type, a tool
+that does not resolve fail ``reinforge tune --dry-run`` naming
+``workflow: args.<key>``), builds one workflow per run (which resolves its
+tools once, against a tool registry built for that run) and calls it per task.
 
-    tune(functools.partial(react_workflow, tools=[calculator], max_turns=4), judge, ...)
+From Python, build one (``ReactWorkflow(tools=[calculator], max_turns=4)``), bind
+the settings of :func:`react_workflow` with :func:`functools.partial`, or call
+:func:`react_workflow` inside your own workflow::
+
+    tune(ReactWorkflow(tools=[calculator], max_turns=4), judge, ...)
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reinforge import ChatModel, WorkflowOutput
 from reinforge.errors import ConfigError
+from reinforge.plugin import load_settings
 
-from .agent import DEFAULT_STOP, ReActAgent
+from .agent import ReActAgent
 from .prompts import DEFAULT_SYS_PROMPT
+from .registry import resolve_tools
+from .settings import DEFAULT_STOP, ReactSettings
 
-__all__ = ["check_settings", "react_workflow", "task_question"]
+__all__ = ["ReactSettings", "ReactWorkflow", "check_settings", "react_workflow", "task_question"]
+
+WHERE = "react workflow"
 
 
 def task_question(task: dict[str, Any], question_field: str = "question") -> str | list[dict[str, Any]]:
@@ -92,18 +104,48 @@ async def react_workflow(
     return result.to_workflow_output()
 
 
-def check_settings(settings: dict[str, Any]) -> None:
-    """Check a run file's ``workflow.args`` for ``react`` before any rollout; raises :class:`ConfigError`.
+class ReactWorkflow:
+    """The registered ``react`` workflow: built once per run with its checked :class:`ReactSettings`.
 
-    Unknown keys are the signature check's job (core's ``bind``); this checks
-    the values: the tools resolve, ``max_turns`` and the timeouts make sense.
+    :param settings: what core passes (checked settings), or a mapping; or
+        give the settings as keywords (``ReactWorkflow(tools=["calculator"])``).
+    :raises ConfigError: a bad setting, ``react workflow: args.max_turns: must be at least 1, got 0``.
+
+    The tools are resolved here, once (names against a tool registry built
+    now); each call runs one episode with them. The instance holds nothing
+    that needs closing.
     """
-    options = dict(settings)
-    field = options.pop("question_field", "question")
-    if not isinstance(field, str) or not field:
-        raise ConfigError(f"question_field must be a non-empty string, got {field!r}")
-    ReActAgent(None, **options)  # type: ignore[arg-type] - no model is called while checking
+
+    def __init__(self, settings: ReactSettings | Mapping[str, Any] | None = None, /, **options: Any) -> None:
+        if settings is None or isinstance(settings, Mapping):
+            settings = load_settings(ReactSettings, {**dict(settings or {}), **options}, where=WHERE, prefix="args")
+        elif options:
+            raise TypeError("ReactWorkflow: give a settings object or keyword settings, not both")
+        if not isinstance(settings, ReactSettings):
+            raise TypeError(f"ReactWorkflow takes ReactSettings (or keyword settings), got {type(settings).__name__}")
+        self.settings = settings
+        self.tools = resolve_tools(settings.tools, where=f"{WHERE}: args.tools")
+
+    def __repr__(self) -> str:
+        return f"ReactWorkflow(tools={[t.name for t in self.tools]}, max_turns={self.settings.max_turns})"
+
+    async def __call__(
+        self,
+        task: dict[str, Any],
+        model: ChatModel,
+        auxiliary_models: dict[str, ChatModel] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> WorkflowOutput:
+        """Run one ReAct episode on ``task[question_field]``; see :func:`react_workflow`."""
+        agent = ReActAgent(model, tools=self.tools, logger=logger, **self.settings.agent_options())
+        result = await agent.run(task_question(task, self.settings.question_field))
+        return result.to_workflow_output()
 
 
-# Read by a loader that checks settings early (see the package README); harmless otherwise.
-react_workflow.reinforge_check_settings = check_settings  # type: ignore[attr-defined]
+def check_settings(settings: Mapping[str, Any]) -> ReactSettings:
+    """Check ``workflow.args`` of ``react`` without a model (core does this when a run loads).
+
+    :return: the checked :class:`ReactSettings`.
+    :raises ConfigError: naming the key, e.g. ``react workflow: args.tools[0]: no tool named ...``.
+    """
+    return load_settings(ReactSettings, dict(settings), where=WHERE, prefix="args")

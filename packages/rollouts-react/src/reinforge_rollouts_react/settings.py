@@ -1,0 +1,85 @@
+"""The settings of the ``react`` workflow, checked by core's settings checker before any model call.
+
+``react`` is registered with :class:`ReactSettings`, so a run file's
+``workflow.args`` are checked when the run loads (``reinforge tune --dry-run``,
+``reinforge eval``, ``build_job``): an unknown key, a wrong type
+(``max_turns: "4"``), a bad value (``max_turns: 0``) or a tool that does not
+resolve (``tools: [nosuchtool]``) is an error naming the file and the key::
+
+    run.yaml: workflow: args.tools[0]: no tool named 'nosuchtool' is registered (did you mean ...?); ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from reinforge.plugin import FieldError, Settings, at_least, finite, one_of
+
+from .prompts import DEFAULT_SYS_PROMPT
+
+__all__ = ["ACTION_FORMATS", "DEFAULT_STOP", "ReactSettings"]
+
+ACTION_FORMATS = ("auto", "native", "text", "json")
+DEFAULT_STOP: tuple[str, ...] = ("\nObservation:",)
+
+
+@dataclass
+class ReactSettings(Settings):
+    """``workflow.args`` of ``react`` (see the package README for each key).
+
+    ``tools`` entries are registered tool names, ``module:attr`` references,
+    ``{name: <tool>, timeout: <s>, description: <text>}`` mappings, or (from
+    Python) functions and :class:`~reinforge_rollouts_react.Tool` objects; the
+    check resolves them against the installed plugins' tools.
+    """
+
+    tools: list[Any] = field(default_factory=list)
+    max_turns: int = 4
+    sys_prompt: str = DEFAULT_SYS_PROMPT
+    action_format: str = "auto"
+    question_field: str = "question"
+    tool_timeout: float | None = 10.0
+    max_observation_chars: int = 2000
+    strict_format: bool = False
+    protocol_prompt: str | None = None
+    stop: list[str] | None = field(default_factory=lambda: list(DEFAULT_STOP))
+    sampling: dict[str, Any] | None = None
+
+    def _prepare(self) -> None:
+        from .tools import Tool
+
+        if self.tools is None:
+            self.tools = []
+        elif isinstance(self.tools, (str, Mapping, Tool)) or callable(self.tools):
+            self.tools = [self.tools]  # one tool given on its own
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+
+    def check(self) -> None:
+        at_least("max_turns", self.max_turns, 1)
+        one_of("action_format", self.action_format, ACTION_FORMATS)
+        if not self.question_field.strip():
+            raise FieldError("question_field", f"must be a non-empty string, got {self.question_field!r}")
+        finite("tool_timeout", self.tool_timeout)
+        at_least("tool_timeout", self.tool_timeout, 0, strict=True)
+        at_least("max_observation_chars", self.max_observation_chars, 1)
+        if self.tools:
+            from .registry import check_tools
+
+            check_tools(self.tools, key="tools")  # names resolve, references import, no tool twice
+
+    def agent_options(self) -> dict[str, Any]:
+        """The keyword arguments of :class:`~reinforge_rollouts_react.ReActAgent` (all but tools and question_field)."""
+        return {
+            "sys_prompt": self.sys_prompt,
+            "max_turns": self.max_turns,
+            "action_format": self.action_format,
+            "tool_timeout": self.tool_timeout,
+            "max_observation_chars": self.max_observation_chars,
+            "strict_format": self.strict_format,
+            "protocol_prompt": self.protocol_prompt,
+            "stop": self.stop,
+            "sampling": self.sampling,
+        }
