@@ -248,8 +248,10 @@ def _where_raised(exc: BaseException) -> str:
         and f"{os.sep}concurrent{os.sep}" not in f.filename
         and not f.filename.endswith(f"{os.sep}threading.py")
     ]
-    frame = (outside or frames or [None])[-1]
-    return f" (at {frame.filename}:{frame.lineno}, in {frame.name})" if frame is not None else ""
+    if not frames:
+        return ""
+    frame = (outside or frames)[-1]
+    return f" (at {frame.filename}:{frame.lineno}, in {frame.name})"
 
 
 def _call(label: str, coro: Any, timeout: float) -> Any:
