@@ -211,3 +211,16 @@ def test_sentinel_observe_reports_each_warning_once():
         fired += sentinel.observe(record["step"], metrics, record["kind"])
     assert [w.kind for w in fired] == [ENTROPY]
     assert sentinel.raised[0][0] == ENTROPY and sentinel.raised[0][2] == 40  # widened as the collapse went on
+
+
+def test_window_lookup_by_bisection_matches_a_scan():
+    import random
+
+    from reinforge_report.detectors import _span
+
+    rng = random.Random(1)
+    steps = sorted(rng.sample(range(200), 60))
+    for _ in range(500):
+        lo = rng.randrange(-5, 205)
+        hi = lo + rng.randrange(0, 60)
+        assert list(_span(steps, lo, hi)) == [i for i, s in enumerate(steps) if lo <= s <= hi]

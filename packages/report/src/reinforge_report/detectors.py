@@ -32,6 +32,7 @@ into one warning per span of steps (length windows less than half a window apart
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 from collections.abc import Mapping
@@ -213,12 +214,20 @@ def _fit(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
     return my - slope * mx, slope
 
 
+def _span(steps: list[int], lo: int, hi: int) -> range:
+    """Indices of the (sorted, distinct) ``steps`` with ``lo <= step <= hi``: a bisection, not a scan.
+
+    The detectors run after every step of a live run, so this keeps each check near-linear in the run's length.
+    """
+    return range(bisect.bisect_left(steps, lo), bisect.bisect_right(steps, hi))
+
+
 def _change(steps: list[int], values: list[float], lo: int, hi: int, min_points: int = 2) -> float | None:
     """Fitted change of a series over the steps ``lo..hi`` (slope x span), None with too few points."""
-    pts = [(s, v) for s, v in zip(steps, values) if lo <= s <= hi]
-    if len(pts) < min_points:
+    idx = _span(steps, lo, hi)
+    if len(idx) < min_points:
         return None
-    fit = _fit([float(s) for s, _ in pts], [v for _, v in pts])
+    fit = _fit([float(steps[i]) for i in idx], [values[i] for i in idx])
     return None if fit is None else fit[1] * (hi - lo)
 
 
@@ -342,7 +351,7 @@ def _length_growth(data: RunMetrics, th: Thresholds, notes: list[str]) -> list[H
 
     def window(lo: int, hi: int) -> dict[str, float] | None:
         """The numbers of one window, or None when the length rule does not hold on it."""
-        idx = [i for i, s in enumerate(l_steps) if lo <= s <= hi]
+        idx = _span(l_steps, lo, hi)
         xs, ys = [float(l_steps[i]) for i in idx], [l_vals[i] for i in idx]
         fit = _fit(xs, ys)
         if fit is None:
