@@ -89,3 +89,22 @@ def test_a_hub_id_that_is_not_on_disk_says_how_to_supply_a_folder(tmp_path, monk
     (tmp_path / "folder").mkdir()
     with pytest.raises(ConfigError, match="no config.json"):
         resolve_model_path(str(tmp_path / "folder"))
+
+
+def test_the_trainer_takes_typed_algorithm_settings_or_checks_the_config_keys(lora_policy):
+    from reinforge_backend_local.algorithms import GroupSettings
+
+    model, tokenizer = lora_policy
+    settings = GroupSettings(kl_coef=0.1, ppo_epochs=2, clip_range=0.1)
+    trainer = Trainer(
+        model, AlgorithmConfig(learning_rate=1e-3), settings, name="gspo", temperature=1.0, pad_id=2, peft=True
+    )
+    assert trainer.name == "gspo" and trainer.settings is settings
+    metrics = trainer.step(_samples(model, tokenizer))
+    assert metrics["kl"] >= 0.0 and metrics["grad_norm"] > 0
+    # given only core's AlgorithmConfig, its loss keys are checked like a run file's
+    config = AlgorithmConfig(algorithm_type="reinforce++", kl_coef=0.05)
+    trainer = Trainer(model, config, temperature=1.0, pad_id=2, peft=True)
+    assert trainer.name == "reinforce_pp" and trainer.settings.kl_coef == 0.05
+    with pytest.raises(ConfigError, match=r"algorithm\.max_grad_norm: must be greater than 0"):
+        Trainer(model, AlgorithmConfig(max_grad_norm=0.0), temperature=1.0, pad_id=2, peft=True)
