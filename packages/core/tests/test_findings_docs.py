@@ -213,9 +213,22 @@ def test_react_calculator_readme_commands_parse(monkeypatch: pytest.MonkeyPatch)
 
     commands = [c for c in readme_commands(REACT_README) if c[0] == "reinforge"]
     assert {c[1] for c in commands} >= {"eval", "tune", "try"}
+    from reinforge.config import load_run
+    from reinforge.plugin import plan_component
+    from reinforge.plugins import build_registry, get_plugin_manager
+
+    registry = build_registry(get_plugin_manager())
+    has_react = "react" in registry.names("workflows")  # reinforge-rollouts-react installed
     for command in commands:
         args = _parser(None).parse_args(command[1:])  # SystemExit on an option the CLI does not have
         if args.command in ("eval", "tune"):
             assert (REPO / args.run_file).is_file(), args.run_file
+            if has_react:
+                load_run(REPO / args.run_file, registry=registry)  # every key and component setting checked
         if args.command == "try":
-            assert isinstance(json.loads(args.args), dict)
+            settings = json.loads(args.args)
+            assert isinstance(settings, dict)
+            if has_react:
+                plan_component(ComponentSpec(ref=args.ref, args=settings), "workflow", registry, where="README")
+                for judge in args.judge:
+                    plan_component(ComponentSpec(ref=judge), "judge", registry, where="README")
