@@ -123,3 +123,27 @@ def test_a_judge_failing_its_required_calibration_refuses_to_score(openai_server
     with pytest.raises(CalibrationError):
         asyncio.run(judge({"question": "q"}, "another answer"))
     assert srv.call_count == 8  # only the gold set was judged, once
+
+
+def test_calibrate_and_audit_close_the_judges_they_build(openai_server, tmp_path, monkeypatch) -> None:
+    from reinforge_judges_llm import PairwiseJudge, audit
+    from reinforge_judges_llm.judges import LLMJudge
+
+    closed: list[LLMJudge] = []
+    original = LLMJudge.close
+
+    def spy(self) -> None:
+        closed.append(self)
+        original(self)
+
+    monkeypatch.setattr(LLMJudge, "close", spy)
+    srv = openai_server(JudgeScript(pointwise=gold_score, pairwise=lambda task, a, b: "A"))
+    args = {"model": "judge", "api_base": srv.base_url}
+    assert calibrate("llm-pointwise", GOLD, args=args).passed
+    assert len(closed) == 1 and isinstance(closed[0], PointwiseJudge)  # built as for a run, closed when done
+
+    sample = tmp_path / "sample.jsonl"
+    sample.write_text("".join(json.dumps({"task": {"q": 1}, "response": f"answer {i}"}) + "\n" for i in range(3)))
+    audit("llm-pointwise", sample, args=args, pairs=2)
+    assert len(closed) == 3  # the audited judge and the pairwise comparer it asked
+    assert {type(j) for j in closed[1:]} == {PointwiseJudge, PairwiseJudge}

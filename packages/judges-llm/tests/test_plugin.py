@@ -70,3 +70,15 @@ def test_try_judge_runs_the_registered_judge(openai_server, tmp_path, capsys) ->
     assert main(["try", "judge", "llm-pointwise", "--input", str(example), "--args", args]) == 0
     out = capsys.readouterr().out
     assert "reward 1.0, status success" in out and "verdict: 5.0" in out
+
+
+def test_a_judge_class_referenced_as_module_attr_is_built_per_run_as_a_model_judge() -> None:
+    from reinforge.config import ComponentSpec
+    from reinforge.plugin import build_component
+
+    spec = ComponentSpec(ref="reinforge_judges_llm:PointwiseJudge", args={"model": "m", "rubric": "Is it right?"})
+    bound = build_component(spec, "judge", where="run.yaml: judges[0]")
+    assert isinstance(bound.func, PointwiseJudge) and bound.func.config.rubric == "Is it right?"
+    assert bound.judge_kind == "model"  # read from the class: the rule gate keeps failing responses away
+    bound.close()
+    assert bound.func.closed
