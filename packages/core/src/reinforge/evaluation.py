@@ -20,7 +20,7 @@ class EvalReport:
     """Accuracy, every reward dimension and the failure counters of one evaluation.
 
     :meth:`summary` (what ``reinforge eval --json`` prints) has exactly these
-    fields as keys, with the same values, except the trajectory lists:
+    fields as keys, with the same values, except the lists of trajectories and groups:
     ``dimensions`` holds the mean of every reward dimension under its name
     (``reward``, ``reward/correct``, ``gate/format``), ``metrics`` every
     statistic under its stable metric name (``reward/mean``,
