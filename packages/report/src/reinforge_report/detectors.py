@@ -321,18 +321,19 @@ def _divergence(data: RunMetrics, th: Thresholds, notes: list[str]) -> list[Hack
     out = []
     for lo, hi in _merge(flagged):
         train = _change(t_steps, t_vals, lo, hi, _MIN_TRAIN_POINTS) or 0.0
-        values = {f"train {mn.REWARD_MEAN} change": train}
-        parts, metrics = [], [f"train {mn.REWARD_MEAN}"]
+        numbers = {f"train {mn.REWARD_MEAN} change": train}
+        parts: list[str] = []
+        metrics = [f"train {mn.REWARD_MEAN}"]
         for m, (steps, vals) in sentinels.items():
             val = _change(steps, vals, lo, hi)
             if val is not None and val <= -th.divergence_min_val_drop:
-                values[f"validation {m} change"] = val
+                numbers[f"validation {m} change"] = val
                 metrics.append(f"validation {m}")
                 parts.append(f"validation {m} {_fmt(val)}")
         message = (
             f"training {mn.REWARD_MEAN} {_fmt(train)} while {', '.join(parts)} (least-squares trend over the span)"
         )
-        out.append(HackingWarning(DIVERGENCE, lo, hi, message, metrics, values))
+        out.append(HackingWarning(DIVERGENCE, lo, hi, message, metrics, numbers))
     return out
 
 
@@ -385,7 +386,8 @@ def _length_growth(data: RunMetrics, th: Thresholds, notes: list[str]) -> list[H
     for lo, hi in _merge(flagged, gap):
         nums = window(lo, hi)
         if nums is None:  # the merged span as a whole may be less clear-cut than its windows
-            nums = max((window(a, b) for a, b in flagged if lo <= a and b <= hi), key=lambda d: d["growth"])
+            held = [w for w in (window(a, b) for a, b in flagged if lo <= a and b <= hi) if w is not None]
+            nums = max(held, key=lambda d: d["growth"])  # every flagged window held, so none is None
         flat = {k: v for k, v in nums.items() if k not in ("growth", "rising_frac", "start", "end")}
         message = (
             f"response length {nums['growth'] * 100:+.0f}% ({nums['start']:.0f} -> {nums['end']:.0f}, "

@@ -162,8 +162,8 @@ def _draw_panel(ax: Any, panel: _Panel, data: RunMetrics, warnings: list[Hacking
         shown = _smooth(values, width) if width else values
         label = line.label
         if line.band_key:
-            band = [(s, v, data.train[s].get(line.band_key)) for s, v in zip(steps, shown)]
-            band = [(s, v, sd) for s, v, sd in band if sd is not None]
+            raw = [(s, v, data.train[s].get(line.band_key)) for s, v in zip(steps, shown)]
+            band = [(s, v, sd) for s, v, sd in raw if sd is not None]
             if band:
                 sds = [sd for _, _, sd in band]
                 if width:
@@ -265,8 +265,8 @@ def plot_dashboard(
     if not warnings:
         lines.append(("No reward-hacking warnings.", VAL_COLOR))
     for w in warnings[:6]:
-        text = textwrap.wrap(f"\u25a0 {w.title} ({w.steps}): {w.message}", chars, subsequent_indent="    ")
-        lines += [(t, WARNING_COLORS[w.kind]) for t in text]
+        wrapped = textwrap.wrap(f"\u25a0 {w.title} ({w.steps}): {w.message}", chars, subsequent_indent="    ")
+        lines += [(t, WARNING_COLORS[w.kind]) for t in wrapped]
     if len(warnings) > 6:
         lines.append((f"... and {len(warnings) - 6} more (see report.html)", "0.2"))
     header_in = 0.95 + 0.22 * len(lines)
