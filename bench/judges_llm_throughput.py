@@ -30,7 +30,7 @@ except ImportError:  # `nox -s bench` installs core only: use the package from t
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "judges-llm" / "src"))
 
 from reinforge.testing.openai_server import OpenAIServer, Reply
-from reinforge_judges_llm import ListwiseJudge, PairwiseJudge, PointwiseJudge, calibrate, reset_judges
+from reinforge_judges_llm import ListwiseJudge, PairwiseJudge, PointwiseJudge, calibrate
 
 LISTED = re.compile(r'<response id="(\d+)">')
 TASK = {"question": "Explain why the sky is blue in two sentences.", "reference": "Rayleigh scattering."}
@@ -171,7 +171,7 @@ def main() -> None:
             cost["calibration_20_gold_items_first_run"] = calls(
                 server, lambda: calibrate("llm-pointwise", gold, args=settings)
             )
-            reset_judges()
+            # each calibrate() builds and closes its own judge: the rerun is free through the cache file only
             cost["calibration_20_gold_items_rerun"] = calls(
                 server, lambda: calibrate("llm-pointwise", gold, args=settings)
             )
