@@ -329,6 +329,7 @@ def build(session: nox.Session) -> None:
         selected = [CORE, *selected]  # plugins install against the core wheel built here
     tmp = Path(session.create_tmp()).resolve()
     import_check = _script(session, "import_check.py", _IMPORT_CHECK)
+    core_check = _script(session, "core_check.py", _CORE_CHECK)
     wheels: dict[str, Path] = {}
     for pkg in (PACKAGES_BY_DIR[d] for d in sorted(selected, key=lambda d: (d != CORE, d))):
         out = DIST_DIR / pkg.directory
@@ -354,7 +355,26 @@ def build(session: nox.Session) -> None:
             session.run(str(python), "-m", "pip", "install", "-q", *constraints, *to_install, external=True)
         session.chdir(tmp)
         session.run(str(python), str(import_check), pkg.dist, pkg.import_name, external=True)
+        if pkg.is_core:  # the slim core, as `pip install reinforge` gives it
+            session.run(str(python), str(core_check), external=True)
     session.log(f"built {', '.join(sorted(wheels))} into {DIST_DIR.relative_to(ROOT)}/")
+
+
+# In the clean venv of the core wheel alone: importing reinforge (and the plugin API) pulls in no heavy stack,
+# and `reinforge report` names the package that provides it. Prints the import time it measured.
+_CORE_CHECK = """
+import subprocess, sys, time
+HEAVY = ("matplotlib", "torch", "datasets", "litellm", "numpy", "yaml", "transformers")
+code = "import sys, time; t = time.perf_counter(); import reinforge, reinforge.plugin; " \
+    "print(round((time.perf_counter() - t) * 1000, 1)); print(' '.join(sorted(sys.modules)))"
+out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+loaded = set(m.split(".")[0] for m in out[1].split())
+heavy = sorted(loaded & set(HEAVY))
+assert not heavy, f"import reinforge / reinforge.plugin loaded {heavy}"
+proc = subprocess.run([sys.executable, "-m", "reinforge", "report", "runs/x"], capture_output=True, text=True)
+assert proc.returncode == 1 and "pip install reinforge-report" in proc.stderr, (proc.returncode, proc.stderr)
+print(f"ok: import reinforge + reinforge.plugin {out[0]} ms, no heavy modules; 'reinforge report' names reinforge-report")
+"""
 
 
 # -- demo and bench ----------------------------------------------------------------------------------------------
