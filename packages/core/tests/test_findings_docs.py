@@ -224,7 +224,9 @@ def test_react_calculator_readme_commands_parse(monkeypatch: pytest.MonkeyPatch)
         if args.command in ("eval", "tune"):
             assert (REPO / args.run_file).is_file(), args.run_file
             if has_react:
-                monkeypatch.delitem(sys.modules, "judges", raising=False)  # examples/math has a judges.py too
+                # examples/math has a judges.py too: import this example's, and restore whatever was there after
+                monkeypatch.setitem(sys.modules, "judges", None)
+                monkeypatch.delitem(sys.modules, "judges")
                 load_run(REPO / args.run_file, registry=registry)  # every key and component setting checked
         if args.command == "try":
             settings = json.loads(args.args)
