@@ -37,17 +37,66 @@ message naming the plugin and the hook.
 
 from __future__ import annotations
 
-from .backend import Backend, NoSettings
-from .components import ComponentPlan, build_component, plan_component
-from .errors import ConfigError, ConfigurationError, PluginError, ReinforgeError
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .hookspecs import hookimpl, hookspec
-from .job import TuneJob
-from .lifecycle import RunContext, RunStatus
-from .plugins import BrokenPlugin, PluginManager, collect, get_plugin_manager, plugin_distribution
-from .refs import resolve_ref
-from .registry import KINDS, Component, Kind, Registry
-from .settings import FieldError, Settings, at_least, finite, in_range, one_of
-from .settings import load as load_settings
+
+if TYPE_CHECKING:  # the names below load on first use: a plugin module that imports hookimpl stays cheap
+    from .backend import Backend, NoSettings
+    from .components import ComponentPlan, build_component, plan_component
+    from .errors import ConfigError, ConfigurationError, PluginError, ReinforgeError
+    from .job import TuneJob
+    from .lifecycle import RunContext, RunStatus
+    from .plugins import BrokenPlugin, PluginManager, collect, get_plugin_manager, plugin_distribution
+    from .refs import resolve_ref
+    from .registry import KINDS, Component, Kind, Registry
+    from .settings import FieldError, Settings, at_least, finite, in_range, one_of
+    from .settings import load as load_settings
+
+_LAZY = {
+    "Backend": ("backend", "Backend"),
+    "NoSettings": ("backend", "NoSettings"),
+    "ComponentPlan": ("components", "ComponentPlan"),
+    "build_component": ("components", "build_component"),
+    "plan_component": ("components", "plan_component"),
+    "ConfigError": ("errors", "ConfigError"),
+    "ConfigurationError": ("errors", "ConfigurationError"),
+    "PluginError": ("errors", "PluginError"),
+    "ReinforgeError": ("errors", "ReinforgeError"),
+    "TuneJob": ("job", "TuneJob"),
+    "RunContext": ("lifecycle", "RunContext"),
+    "RunStatus": ("lifecycle", "RunStatus"),
+    "BrokenPlugin": ("plugins", "BrokenPlugin"),
+    "PluginManager": ("plugins", "PluginManager"),
+    "collect": ("plugins", "collect"),
+    "get_plugin_manager": ("plugins", "get_plugin_manager"),
+    "plugin_distribution": ("plugins", "plugin_distribution"),
+    "resolve_ref": ("refs", "resolve_ref"),
+    "KINDS": ("registry", "KINDS"),
+    "Component": ("registry", "Component"),
+    "Kind": ("registry", "Kind"),
+    "Registry": ("registry", "Registry"),
+    "FieldError": ("settings", "FieldError"),
+    "Settings": ("settings", "Settings"),
+    "at_least": ("settings", "at_least"),
+    "finite": ("settings", "finite"),
+    "in_range": ("settings", "in_range"),
+    "one_of": ("settings", "one_of"),
+    "load_settings": ("settings", "load"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load the API's names on first use."""
+    found = _LAZY.get(name)
+    if found is None:
+        raise AttributeError(f"module 'reinforge.plugin' has no attribute {name!r}")
+    module, attr = found
+    value = getattr(importlib.import_module(f"reinforge.{module}"), attr)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "KINDS",
