@@ -92,7 +92,10 @@ def test_react_workflow_from_python_takes_keywords_or_settings():
     assert ReactWorkflow(settings).settings is settings
     with pytest.raises(ConfigError, match=r"react workflow: args.max_turns: must be at least 1, got 0"):
         ReactWorkflow(max_turns=0)
-    with pytest.raises(ConfigError, match=r"ReactSettings: tools\[0\]: no tool named 'nope'"):
-        ReactSettings(tools=["nope"])
+    assert ReactSettings(tools=["nope"]).tools == ["nope"]  # names resolve when the workflow is built
+    with pytest.raises(ConfigError, match=r"react workflow: args.tools\[0\]: no tool named 'nope'"):
+        ReactWorkflow(tools=["nope"])
+    with pytest.raises(ConfigError, match=r"ReactSettings: tools\[1\]: tool 'calculator' is already given"):
+        ReactSettings(tools=["calculator", "calculator"])
     with pytest.raises(TypeError, match="not both"):
         ReactWorkflow(settings, max_turns=3)

@@ -29,7 +29,26 @@ if TYPE_CHECKING:
     from .config import ComponentSpec
     from .registry import Component, Registry
 
-__all__ = ["ComponentPlan", "build_component", "plan_component"]
+__all__ = ["ComponentContext", "ComponentPlan", "build_component", "plan_component"]
+
+
+@dataclass(frozen=True)
+class ComponentContext:
+    """What a class component may ask for with a keyword parameter ``context`` in its constructor.
+
+    :ivar registry: the run's registry (``registry.plugin_manager`` is the plugin manager it was built from).
+    :ivar base_dir: the run file's folder, for ``module:attr`` references a component resolves itself.
+    :ivar where: the run-file location of this component (``run.yaml: workflow``), for messages.
+    """
+
+    registry: Registry | None
+    base_dir: str | None
+    where: str
+
+    @property
+    def plugin_manager(self) -> Any:
+        """The plugin manager of the run (None when the registry was built by hand)."""
+        return getattr(self.registry, "plugin_manager", None)
 
 
 @dataclass
@@ -44,6 +63,7 @@ class ComponentPlan:
     metric_name: str
     settings: Any  # the checked settings object, or the args mapping when no settings class is declared
     where: str
+    context: ComponentContext | None = None
 
     @property
     def is_class(self) -> bool:
@@ -95,7 +115,9 @@ def plan_component(
         settings: Any = load(declared, dict(spec.args), where=where, prefix="args")
     else:
         settings = dict(spec.args)
-    plan = ComponentPlan(spec, role, obj, entry, name, metric, settings, where)
+    plan = ComponentPlan(
+        spec, role, obj, entry, name, metric, settings, where, ComponentContext(registry, base_dir, where)
+    )
     _check_signature(plan)
     return plan
 
@@ -140,11 +162,12 @@ def _check_init(plan: ComponentPlan, cls: type, kwargs: dict[str, Any] | None) -
     except (TypeError, ValueError):
         return
     what = f"{plan.role.replace('_', ' ')} {plan.name}"
+    extra = {"context": plan.context} if _wants_context(cls) else {}
     try:
         if kwargs is None:
-            sig.bind(object())
+            sig.bind(object(), **extra)
         else:
-            sig.bind(**kwargs)
+            sig.bind(**kwargs, **extra)
     except TypeError as exc:
         accepted = [p.name for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
         given = "its settings object" if kwargs is None else f"args {sorted(kwargs)}"
@@ -174,9 +197,19 @@ def _instantiate(plan: ComponentPlan) -> Any:
         from .rewards import MultiDimensionJudge
 
         return MultiDimensionJudge.build(plan.obj, plan.settings, declared_settings=declared is not None)
+    extra = {"context": plan.context} if _wants_context(plan.obj) else {}
     if declared is not None:
-        return plan.obj(plan.settings)
-    return plan.obj(**plan.settings)
+        return plan.obj(plan.settings, **extra)
+    return plan.obj(**plan.settings, **extra)
+
+
+def _wants_context(cls: type) -> bool:
+    """True when the constructor has a parameter named ``context`` (keyword or positional-or-keyword)."""
+    try:
+        param = inspect.signature(cls).parameters.get("context")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD)
 
 
 def _closer(instance: Any) -> Any:

@@ -257,16 +257,17 @@ def build_job(
     wanted = backend or run.backend
     if need_backend is None:
         need_backend = registry.components["backends"].get(wanted or DEFAULT_BACKEND) is not None
-    if need_backend:
-        impl = get_backend(wanted, registry)
-        where = run.source or "run"
-        backend_settings = impl.check_settings(run, where=where)
-        algorithm_name = impl.algorithm_name(run.algorithm, where=where)
-        algorithm_settings = impl.check_algorithm(run.algorithm, where=where)
     built: list[BoundFunction] = []
     try:
+        # components first (a component resolves what it names, e.g. its tools, when built), then the backend
         for plan in plans:
             built.append(plan.build())
+        if need_backend:
+            impl = get_backend(wanted, registry)
+            where = run.source or "run"
+            backend_settings = impl.check_settings(run, where=where)
+            algorithm_name = impl.algorithm_name(run.algorithm, where=where)
+            algorithm_settings = impl.check_algorithm(run.algorithm, where=where)
         workflow = built[0]
         if wants_agentscope(workflow, run.model_interface):
             agentscope_available()  # a missing reinforge[agentscope] fails before any model loads

@@ -44,7 +44,7 @@ from .hookspecs import hookimpl, hookspec
 
 if TYPE_CHECKING:  # the names below load on first use: a plugin module that imports hookimpl stays cheap
     from .backend import Backend, NoSettings
-    from .components import ComponentPlan, build_component, plan_component
+    from .components import ComponentContext, ComponentPlan, build_component, plan_component
     from .errors import ConfigError, ConfigurationError, PluginError, ReinforgeError
     from .job import TuneJob
     from .lifecycle import RunContext, RunStatus
@@ -57,6 +57,7 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin module that imp
 _LAZY = {
     "Backend": ("backend", "Backend"),
     "NoSettings": ("backend", "NoSettings"),
+    "ComponentContext": ("components", "ComponentContext"),
     "ComponentPlan": ("components", "ComponentPlan"),
     "build_component": ("components", "build_component"),
     "plan_component": ("components", "plan_component"),
@@ -103,6 +104,7 @@ __all__ = [
     "Backend",
     "BrokenPlugin",
     "Component",
+    "ComponentContext",
     "ComponentPlan",
     "ConfigError",
     "ConfigurationError",

@@ -212,7 +212,7 @@ def collect(pm: pluggy.PluginManager, kind: Kind, registry: Registry) -> None:
 
 def build_registry(pm: pluggy.PluginManager) -> Registry:
     """Every workflow, judge, group reward and backend the loaded plugins register."""
-    registry = Registry()
+    registry = Registry(plugin_manager=pm)
     for broken in getattr(pm, "broken", ()):
         registry.broken[broken.distribution] = broken.reason
     for kind in KINDS:

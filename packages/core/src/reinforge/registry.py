@@ -111,6 +111,7 @@ class Registry:
     conflicts: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     kinds: dict[str, Kind] = field(default_factory=lambda: {k.plural: k for k in KINDS})
     broken: dict[str, str] = field(default_factory=dict)  # distribution -> why it could not load or register
+    plugin_manager: Any = field(default=None, repr=False)  # what it was built from (for a package's own kinds)
 
     def add_kind(self, kind: Kind) -> None:
         """Make room for a package's own kind (e.g. tools)."""

@@ -150,6 +150,31 @@ def _one(spec: Any, key: str, registry: _Lazy, base_dir: str | None) -> Tool:
     raise FieldError(key, f"a tool is a name, 'module:attr', a function or a Tool, got {spec!r}")
 
 
+def check_tool_entries(specs: Iterable[Any], *, key: str = "tools") -> None:
+    """The shape of a ``tools`` list, resolving nothing: raises :class:`~reinforge.plugin.FieldError` for the entry."""
+    seen: dict[str, int] = {}
+    for i, spec in enumerate(specs):
+        entry = f"{key}[{i}]"
+        name = spec
+        if isinstance(spec, Mapping):
+            options = dict(spec)
+            name = options.pop("name", None) or options.pop("ref", None)
+            unknown = sorted(set(options) - set(_OVERRIDES))
+            if name is None or unknown:
+                detail = f"unknown key(s) {unknown}" if unknown else "missing 'name'"
+                raise FieldError(
+                    entry, f"{detail}; a tool entry is {{name: <tool>, timeout: <seconds>, description: ...}}"
+                )
+        if isinstance(name, str):
+            if not name.strip():
+                raise FieldError(entry, "a tool name must not be empty")
+            if name in seen:
+                raise FieldError(entry, f"tool {name!r} is already given as {key}[{seen[name]}]")
+            seen[name] = i
+        elif not (isinstance(name, Tool) or callable(name)):
+            raise FieldError(entry, f"a tool is a name, 'module:attr', a function or a Tool, got {name!r}")
+
+
 def check_tools(
     specs: Iterable[Any] | None,
     registry: ToolRegistry | None = None,

@@ -31,8 +31,9 @@ class ReactSettings(Settings):
 
     ``tools`` entries are registered tool names, ``module:attr`` references,
     ``{name: <tool>, timeout: <s>, description: <text>}`` mappings, or (from
-    Python) functions and :class:`~reinforge_rollouts_react.Tool` objects; the
-    check resolves them against the installed plugins' tools.
+    Python) functions and :class:`~reinforge_rollouts_react.Tool` objects. The
+    check looks at their shape; :class:`~reinforge_rollouts_react.ReactWorkflow`
+    resolves them against the run's plugins when core builds it.
     """
 
     tools: list[Any] = field(default_factory=list)
@@ -66,9 +67,11 @@ class ReactSettings(Settings):
         at_least("tool_timeout", self.tool_timeout, 0, strict=True)
         at_least("max_observation_chars", self.max_observation_chars, 1)
         if self.tools:
-            from .registry import check_tools
+            from .registry import check_tool_entries
 
-            check_tools(self.tools, key="tools")  # names resolve, references import, no tool twice
+            # the shape of each entry; names and references resolve when the workflow is built for a run
+            # (core builds it in build_job, before any model loads), with that run's plugins and folder
+            check_tool_entries(self.tools, key="tools")
 
     def agent_options(self) -> dict[str, Any]:
         """The keyword arguments of :class:`~reinforge_rollouts_react.ReActAgent` (all but tools and question_field)."""

@@ -30,11 +30,11 @@ from typing import Any
 
 from reinforge import ChatModel, WorkflowOutput
 from reinforge.errors import ConfigError
-from reinforge.plugin import load_settings
+from reinforge.plugin import ComponentContext, load_settings
 
 from .agent import ReActAgent
 from .prompts import DEFAULT_SYS_PROMPT
-from .registry import resolve_tools
+from .registry import resolve_tools, tool_registry
 from .settings import DEFAULT_STOP, ReactSettings
 
 __all__ = ["ReactSettings", "ReactWorkflow", "check_settings", "react_workflow", "task_question"]
@@ -116,7 +116,14 @@ class ReactWorkflow:
     that needs closing.
     """
 
-    def __init__(self, settings: ReactSettings | Mapping[str, Any] | None = None, /, **options: Any) -> None:
+    def __init__(
+        self,
+        settings: ReactSettings | Mapping[str, Any] | None = None,
+        /,
+        *,
+        context: ComponentContext | None = None,
+        **options: Any,
+    ) -> None:
         if settings is None or isinstance(settings, Mapping):
             settings = load_settings(ReactSettings, {**dict(settings or {}), **options}, where=WHERE, prefix="args")
         elif options:
@@ -124,7 +131,12 @@ class ReactWorkflow:
         if not isinstance(settings, ReactSettings):
             raise TypeError(f"ReactWorkflow takes ReactSettings (or keyword settings), got {type(settings).__name__}")
         self.settings = settings
-        self.tools = resolve_tools(settings.tools, where=f"{WHERE}: args.tools")
+        # built by core: tool names are looked up with the run's plugins, module:attr tools next to the run file
+        pm = context.plugin_manager if context is not None else None
+        registry = tool_registry(pm) if pm is not None and hasattr(pm.hook, "register_tools") else None
+        base_dir = context.base_dir if context is not None else None
+        where = f"{context.where}: args.tools" if context is not None else f"{WHERE}: args.tools"
+        self.tools = resolve_tools(settings.tools, registry, where=where, base_dir=base_dir)
 
     def __repr__(self) -> str:
         return f"ReactWorkflow(tools={[t.name for t in self.tools]}, max_turns={self.settings.max_turns})"
@@ -143,9 +155,14 @@ class ReactWorkflow:
 
 
 def check_settings(settings: Mapping[str, Any]) -> ReactSettings:
-    """Check ``workflow.args`` of ``react`` without a model (core does this when a run loads).
+    """Check ``workflow.args`` of ``react`` without a model, tool names included (with the installed plugins).
+
+    Core checks the settings when a run loads and resolves the tools when it
+    builds the workflow for the run (``build_job``, before any model loads).
 
     :return: the checked :class:`ReactSettings`.
     :raises ConfigError: naming the key, e.g. ``react workflow: args.tools[0]: no tool named ...``.
     """
-    return load_settings(ReactSettings, dict(settings), where=WHERE, prefix="args")
+    checked = load_settings(ReactSettings, dict(settings), where=WHERE, prefix="args")
+    resolve_tools(checked.tools, where=f"{WHERE}: args.tools")
+    return checked
