@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ScoreConfig
-from .errors import ConfigError, ReinforgeError, RewardError, attributed
+from .errors import ConfigError, RewardError
 from .outputs import JudgeOutput, TaskStatus
+from .retry import call_with_retries
 from .signatures import OPTIONAL, BoundFunction
 from .text import response_text
 
@@ -287,29 +288,20 @@ class RewardComposer:
     async def call_judge(
         self, slot: JudgeSlot, task: dict, response: Any, aux: Any, logger: Any, tally: list[int] | None = None
     ) -> JudgeOutput:
-        """Call one judge with timeout and retries; FAILED after the budget."""
-        last = "no attempt"
-        for attempt in range(1 + self.max_retries):
-            if attempt and tally is not None:
-                tally[0] += 1
-            try:
-                out = await asyncio.wait_for(
-                    slot.fn.call(task, response, auxiliary_models=aux, logger=logger), self.judge_timeout_s
-                )
-            except ReinforgeError as exc:  # a permanent error (ConfigurationError, a NaN reward): stop the run
-                raise attributed(exc, f"judge {slot.fn.name}") from exc
-            except asyncio.TimeoutError:
-                last = f"judge {slot.fn.name} timed out after {self.judge_timeout_s:g}s"
-                continue
-            except Exception as exc:  # a transient failure of the judge, never a reward of 0
-                last = f"judge {slot.fn.name} raised {type(exc).__name__}: {exc}"
-                continue
-            out = slot.fn.check_output(out)
-            if out.status is TaskStatus.SUCCESS:
-                return out
-            last = f"judge {slot.fn.name} returned FAILED: {out.error}"
-        log.warning("%s (after %d attempts)", last, 1 + self.max_retries)
-        return JudgeOutput(status=TaskStatus.FAILED, error=last)
+        """Call one judge with timeout and retries; FAILED after the budget (see :mod:`reinforge.retry`)."""
+        attempts = await call_with_retries(
+            lambda: slot.fn.call(task, response, auxiliary_models=aux, logger=logger),
+            slot.fn.check_output,
+            label=f"judge {slot.fn.name}",
+            timeout_s=self.judge_timeout_s,
+            max_retries=self.max_retries,
+        )
+        if tally is not None:
+            tally[0] += attempts.retries
+        if attempts.output is not None:
+            return attempts.output
+        log.warning("%s (after %d attempts)", attempts.error, 1 + self.max_retries)
+        return JudgeOutput(status=TaskStatus.FAILED, error=attempts.error)
 
     def _judge_score(self, slot: JudgeSlot, out: JudgeOutput) -> float:
         if not slot.metric_weights:

@@ -22,6 +22,7 @@ from .config import RunnerConfig
 from .errors import ReinforgeError, RunnerError, attributed
 from .models import ChatModel, RecordingChatModel
 from .outputs import GroupRewardOutput, TaskStatus
+from .retry import call_with_retries
 from .rewards import RewardComposer, Score
 from .signatures import BoundFunction
 from .text import response_text
@@ -180,33 +181,24 @@ class Runner:
         assert self.group_reward is not None, "a score is pending only when a group reward is configured"
         gr = self.group_reward
         responses = [t.response for t, _ in pending]
-        last = ""
-        for attempt in range(1 + self.settings.max_retries):
-            if attempt:
-                counters["retries"] += 1
-            try:
-                out = await asyncio.wait_for(
-                    gr.call(task, responses, auxiliary_models=self.auxiliary_models, logger=self.logger),
-                    self.settings.judge_timeout_s,
-                )
-            except ReinforgeError as exc:
-                raise attributed(exc, f"group reward {gr.name}") from exc
-            except asyncio.TimeoutError:
-                last = f"group reward {gr.name} timed out after {self.settings.judge_timeout_s:g}s"
-                continue
-            except Exception as exc:
-                last = f"group reward {gr.name} raised {type(exc).__name__}: {exc}"
-                continue
-            out = gr.check_output(out, group_size=len(responses))
+        attempts = await call_with_retries(
+            lambda: gr.call(task, responses, auxiliary_models=self.auxiliary_models, logger=self.logger),
+            lambda raw: gr.check_output(raw, group_size=len(responses)),
+            label=f"group reward {gr.name}",
+            timeout_s=self.settings.judge_timeout_s,
+            max_retries=self.settings.max_retries,
+        )
+        counters["retries"] += attempts.retries
+        out = attempts.output
+        if out is not None:
             assert isinstance(out, GroupRewardOutput)
-            if out.status is TaskStatus.SUCCESS:
-                for (t, score), value in zip(pending, out.rewards):
-                    self.composer.finish_with_group(score, value)
-                    t.reward = score.reward
-                    t.rewards.update(score.rewards)
-                group.metrics.update({f"group/{k}": float(v) for k, v in out.metrics.items()})
-                return
-            last = f"group reward {gr.name} returned FAILED: {out.error}"
+            for (t, score), value in zip(pending, out.rewards):
+                self.composer.finish_with_group(score, value)
+                t.reward = score.reward
+                t.rewards.update(score.rewards)
+            group.metrics.update({f"group/{k}": float(v) for k, v in out.metrics.items()})
+            return
+        last = attempts.error
         counters["failed"] += len(pending)
         counters["failed/group_reward"] += len(pending)
         for t, _ in pending:
