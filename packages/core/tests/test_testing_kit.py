@@ -35,9 +35,9 @@ def test_reinforge_pm_ignores_installed_plugins(site: Path, monkeypatch: pytest.
 def test_hook_recorder_records_observer_calls(hook_recorder) -> None:
     traj = Trajectory(task={"q": 1})
     hook_recorder.pm.hook.on_trajectory(trajectory=traj)
-    hook_recorder.pm.hook.on_step_end(step=1, metrics={"reward": 0.5})
-    hook_recorder.pm.hook.on_step_end(step=2, metrics={"reward": 0.7})
-    hook_recorder.pm.hook.on_run_end(summary={"steps": 2})
+    hook_recorder.pm.hook.on_step_end(step=1, metrics={"reward": 0.5}, kind="train", run=None)
+    hook_recorder.pm.hook.on_step_end(step=2, metrics={"reward": 0.7}, kind="train", run=None)
+    hook_recorder.pm.hook.on_run_end(summary={"steps": 2}, run=None)
     assert hook_recorder.getcall("on_trajectory")["trajectory"] is traj
     assert [c["step"] for c in hook_recorder.calls("on_step_end")] == [1, 2]
     assert hook_recorder.names() == ["on_trajectory", "on_step_end", "on_step_end", "on_run_end"]
@@ -57,8 +57,8 @@ def test_hook_recorder_sees_calls_that_plugins_also_handle(reinforge_pm) -> None
 
     reinforge_pm.register(Observer())
     with HookRecorder.attach(reinforge_pm) as rec:
-        reinforge_pm.hook.on_run_end(summary={"ok": True})
-    reinforge_pm.hook.on_run_end(summary={"after": "detach"})
+        reinforge_pm.hook.on_run_end(summary={"ok": True}, run=None)
+    reinforge_pm.hook.on_run_end(summary={"after": "detach"}, run=None)
     assert seen == [{"ok": True}, {"after": "detach"}]
     assert rec.calls("on_run_end") == [{"summary": {"ok": True}}]
 
