@@ -60,7 +60,7 @@ def test_hook_recorder_sees_calls_that_plugins_also_handle(reinforge_pm) -> None
         reinforge_pm.hook.on_run_end(summary={"ok": True}, run=None)
     reinforge_pm.hook.on_run_end(summary={"after": "detach"}, run=None)
     assert seen == [{"ok": True}, {"after": "detach"}]
-    assert rec.calls("on_run_end") == [{"summary": {"ok": True}}]
+    assert rec.calls("on_run_end") == [{"summary": {"ok": True}, "run": None}]
 
 
 def test_scripted_model_fixture(scripted_model) -> None:
