@@ -17,11 +17,13 @@ import pytest
 import yaml
 from judges_llm_testlib import JudgeScript
 
-from reinforge import WorkflowOutput
+from reinforge import WorkflowOutput, tune
 from reinforge.cli import main
 from reinforge.config import ComponentSpec, DatasetConfig, RunConfig, RunnerConfig
 from reinforge.evaluation import evaluate
 from reinforge.job import build_job
+from reinforge.plugin import Backend, hookimpl
+from reinforge.plugins import get_plugin_manager
 from reinforge.testing import ScriptedChatModel
 from reinforge_judges_llm import PointwiseJudge
 
@@ -99,6 +101,42 @@ def test_two_evaluations_in_one_process_share_no_judge_state(openai_server, tmp_
     # made with an empty trend, is left alone: a trend carried over would have adjusted it
     for report in (first, second):
         assert any(a < 0.0 for a in adjustments(report)) and 0.0 in adjustments(report)
+
+
+class OneBatch(Backend):
+    """A backend that trains on one batch of the scripted student (enough to be a tune run)."""
+
+    name = "one-batch"
+    algorithms = {"grpo": None}
+
+    def run(self, job):
+        with job.running() as run:
+            rows = [dict(r) for r in job.run.train_dataset.rows()]
+            result = job.make_runner(model=ScriptedChatModel(student), group_size=1).run(rows)
+            run.step_end(result.metrics, step=1)
+        return {"steps": 1, "trajectories": result.trajectories}
+
+
+class OneBatchPlugin:
+    @hookimpl
+    def register_backends(self, register):
+        register("one-batch", OneBatch)
+
+
+def test_an_eval_then_a_tune_in_one_process_share_no_judge_state(openai_server, tmp_path, closed) -> None:
+    grader = openai_server(JudgeScript(pointwise=length_loving), model_name="grader")
+    run = make_run(tmp_path, grader.base_url)
+    run.train_dataset = run.eval_dataset
+    evaluate(run, model=ScriptedChatModel(student))
+    assert grader.call_count == N and len(closed) == 1
+    pm = get_plugin_manager()
+    pm.register(OneBatchPlugin(), name="one-batch-backend")
+    summary = tune(run=run, backend="one-batch", plugin_manager=pm)
+    assert summary["status"] == "finished"
+    assert grader.call_count == 2 * N  # the tune's judge asked again: the eval's verdicts were not shared
+    assert all(t.rewards["reward/quality/usage/cache_hits"] == 0.0 for t in summary["trajectories"])
+    assert len(closed) == 2 and closed[1]["judge"] is not closed[0]["judge"]
+    assert closed[1]["trend"] == N  # the tune's length trend started empty
 
 
 def test_each_built_job_owns_its_judge_and_closing_the_job_closes_it(openai_server, tmp_path, closed) -> None:
