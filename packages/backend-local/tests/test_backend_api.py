@@ -15,16 +15,14 @@ Needs ``hatchling`` and ``pip`` in the test environment (the root pyproject's
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from reinforge import cli
+from reinforge.testing import build_and_install, plugin_env, run_command
 
 TIMEOUT = 120
 DIST = "reinforge-backend-toy"
@@ -109,27 +107,11 @@ MY_ALGO = "  algorithm_type: my_algo\n  group_size: 2\n  temperature_schedule: c
 
 
 def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, check: bool = True):
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-        )
-    return proc
-
-
-def _require(module: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        pytest.fail(
-            f"this test needs {module!r} in the test environment (root pyproject.toml, dependency group 'test')",
-            pytrace=False,
-        )
+    return run_command(args, cwd=cwd, env=env, check=check, timeout=TIMEOUT)
 
 
 def _env(*paths: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"REINFORGE_LOAD_PLUGINS", "PYTHONPATH"}}
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
-    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    return env
+    return plugin_env(*paths)
 
 
 def _write_run(folder: Path, name: str, *, algorithm: str, backend_args: str = "", model: str = "no-such-model"):
@@ -144,8 +126,6 @@ def _write_run(folder: Path, name: str, *, algorithm: str, backend_args: str = "
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> dict[str, Path]:
     """The toy backend built into a wheel and installed into a private folder; a project folder using it."""
-    _require("hatchling")
-    _require("pip")
     root = tmp_path_factory.mktemp("backend_api")
     src = root / "toy"
     package = src / "src" / "reinforge_backend_toy"
@@ -153,12 +133,8 @@ def toy(tmp_path_factory) -> dict[str, Path]:
     (src / "pyproject.toml").write_text(PYPROJECT)
     (package / "__init__.py").write_text('"""A toy reinforge backend."""\n')
     (package / "plugin.py").write_text(PLUGIN)
-    out = src / "dist"
-    _run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)], cwd=src)
-    (wheel,) = out.glob("*.whl")
     site = root / "site"
-    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--target", str(site)]
-    _run([*pip, str(wheel)], cwd=src)
+    build_and_install(src, site)  # the real path: a hatchling wheel, pip-installed
     project = root / "project"
     project.mkdir()
     (project / "toyflow.py").write_text(FLOW)

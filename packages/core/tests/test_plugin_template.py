@@ -13,17 +13,15 @@ Needs ``hatchling`` and ``pip`` in the test environment (the root pyproject's
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from reinforge.testing import build_and_install, plugin_env, run_command
 from reinforge.testing.openai_server import OpenAIServer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -37,20 +35,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, check: bool = True):
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
-    if check and proc.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
-        )
-    return proc
-
-
-def _require(module: str) -> None:
-    if importlib.util.find_spec(module) is None:
-        pytest.fail(
-            f"this test needs {module!r} in the test environment (root pyproject.toml, dependency group 'test')",
-            pytrace=False,
-        )
+    return run_command(args, cwd=cwd, env=env, check=check, timeout=TIMEOUT)
 
 
 def _copy_template(dest: Path, suffix: str = "") -> Path:
@@ -66,49 +51,20 @@ def _copy_template(dest: Path, suffix: str = "") -> Path:
     return dest
 
 
-def _build_and_install(src: Path, site: Path) -> Path:
-    out = src / "dist"
-    _run([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)], cwd=src)
-    wheels = sorted(out.glob("*.whl"))
-    assert len(wheels) == 1, f"expected one wheel in {out}, found {[w.name for w in wheels]}"
-    _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "--no-index",
-            "--quiet",
-            "--target",
-            str(site),
-            str(wheels[0]),
-        ],
-        cwd=src,
-    )
-    return wheels[0]
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> dict[str, Path]:
     """Both copies of the template built and installed: {'site': ..., 'site2': ..., 'root': ...}."""
-    _require("hatchling")
-    _require("pip")
     root = tmp_path_factory.mktemp("plugin_template")
     site, site2 = root / "site", root / "site2"
-    wheel = _build_and_install(_copy_template(root / "plugin"), site)
+    wheel = build_and_install(_copy_template(root / "plugin"), site)
     assert wheel.name.startswith("reinforge_judge_example-0.1.0-"), wheel.name
-    wheel2 = _build_and_install(_copy_template(root / "plugin2", suffix="2"), site2)
+    wheel2 = build_and_install(_copy_template(root / "plugin2", suffix="2"), site2)
     assert wheel2.name.startswith("reinforge_judge_example2-0.1.0-"), wheel2.name
     return {"root": root, "site": site, "site2": site2}
 
 
 def _env(*paths: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in {"REINFORGE_LOAD_PLUGINS", "PYTHONPATH"}}
-    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in paths)
-    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    env.update(extra)
-    return env
+    return plugin_env(*paths, **extra)
 
 
 def _reinforge(args: list[str], env: dict[str, str], cwd: Path, check: bool = True):

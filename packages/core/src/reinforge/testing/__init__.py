@@ -35,7 +35,10 @@ __all__ = [
     "ScriptedCall",
     "ScriptedChatModel",
     "ScriptExhaustedError",
+    "build_and_install",
     "check_entry_point",
+    "plugin_env",
+    "run_command",
 ]
 
 _LAZY = {
@@ -124,6 +127,58 @@ class HookRecorder:
     def clear(self) -> None:
         with self._lock:
             self.records.clear()
+
+
+def run_command(
+    args: list[str], *, cwd: Any, env: dict[str, str] | None = None, check: bool = True, timeout: float = 300
+) -> Any:
+    """Run a command and capture its output; with ``check``, a non-zero exit fails with stdout and stderr shown."""
+    import subprocess
+
+    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(map(str, args))} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc
+
+
+def build_and_install(project: Any, target: Any) -> Any:
+    """Build ``project`` (a folder with a pyproject.toml) into a wheel and ``pip install`` it into ``target``.
+
+    The real packaging path of a plugin, as its users get it: the build
+    backend's wheel, installed with ``--no-deps --no-index`` into a private
+    folder (put it on ``PYTHONPATH`` with :func:`plugin_env`). Needs the build
+    backend the project names and pip in the test environment. Returns the
+    wheel's path.
+    """
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    project, target = Path(project), Path(target)
+    for module in ("pip", "hatchling"):
+        if importlib.util.find_spec(module) is None:
+            raise AssertionError(f"build_and_install needs {module!r} in the test environment")
+    out = project / "dist"
+    run_command([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)], cwd=project)
+    wheels = sorted(out.glob("*.whl"))
+    if len(wheels) != 1:
+        raise AssertionError(f"expected one wheel in {out}, found {[w.name for w in wheels]}")
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--target", str(target)]
+    run_command([*pip, str(wheels[0])], cwd=project)
+    return wheels[0]
+
+
+def plugin_env(*sites: Any, **extra: str) -> dict[str, str]:
+    """This process's environment with ``sites`` as ``PYTHONPATH`` and no plugin selection, for a subprocess."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in {"REINFORGE_LOAD_PLUGINS", "PYTHONPATH"}}
+    env["PYTHONPATH"] = os.pathsep.join(str(p) for p in sites)
+    env.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    env.update(extra)
+    return env
 
 
 def _normalize(name: str) -> str:
