@@ -12,3 +12,10 @@ def register_backends(register: Any) -> None:
     from .backend import LocalBackend
 
     register("local", LocalBackend)
+
+
+@hookimpl
+def register_commands(register: Any) -> None:
+    from . import export
+
+    register("export", export.run, help=export.HELP, arguments=export.add_arguments)
