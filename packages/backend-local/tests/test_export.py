@@ -202,6 +202,19 @@ def test_a_full_finetune_checkpoint_has_no_adapter_to_export(run_dir, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+def test_a_full_finetune_checkpoint_exports_its_weights_merged(run_dir, model_folder, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    fake = _fake_run(run_dir, tmp_path, checkpoint_files=("state.json",))
+    weights = AutoModelForCausalLM.from_pretrained(str(model_folder)).state_dict()
+    weights["model.layers.0.mlp.up_proj.weight"] += 0.5
+    torch.save(weights, fake / "checkpoints" / "step-1" / "model.pt")
+    code, said = _export(capsys, fake, "--out", tmp_path / "out")
+    assert code == 0, said
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).state_dict()
+    assert torch.equal(exported["model.layers.0.mlp.up_proj.weight"], weights["model.layers.0.mlp.up_proj.weight"])
+
+
 def test_out_may_not_be_the_run_folder(run_dir, capsys):
     code, said = _export(capsys, run_dir, "--out", run_dir, "--force")
     assert code == 1 and "Traceback" not in said
