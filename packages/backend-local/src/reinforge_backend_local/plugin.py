@@ -19,3 +19,7 @@ def register_commands(register: Any) -> None:
     from . import export
 
     register("export", export.run, help=export.HELP, arguments=export.add_arguments)
+
+    from .serve import command as serve
+
+    register("serve", serve.run, help="serve a model, run or checkpoint over OpenAI's API", arguments=serve.arguments)

@@ -1,0 +1,358 @@
+"""The routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/healthz``, ``/metrics``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from reinforge.errors import ConfigError
+
+from ..engine import GenRequest, GenResult
+from ..policy import sampling_request
+from . import auth, protocol
+from .metrics import Metrics
+from .model import ServedModel
+from .protocol import ApiError
+
+MAX_BODY_BYTES = 4 * 2**20
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
+
+
+@dataclass
+class _Job:
+    """The engine requests of one HTTP request: one per prompt and choice."""
+
+    prompt_ids: list[list[int]]
+    requests: list[GenRequest]
+    n: int
+
+
+class _CountRequests:
+    """ASGI middleware: every response, errors included, counted by route and status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.metrics.requests.labels(self.metrics.route(scope["path"]), str(status[0])).inc()
+
+
+class Service:
+    """State of the routes: the served model, its key, limits and metrics."""
+
+    def __init__(
+        self, served: ServedModel, metrics: Metrics, *, api_key: str | None, max_body_bytes: int = MAX_BODY_BYTES
+    ) -> None:
+        self.served = served
+        self.metrics = metrics
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    async def _body(self, request: Request) -> dict[str, Any]:
+        auth.check(request.headers.get("authorization"), self.api_key)
+        too_big = ApiError(
+            f"the request body is over the limit of {self.max_body_bytes} bytes", status=413, code="request_too_large"
+        )
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise too_big
+            chunks.append(chunk)
+        return protocol.parse_json(b"".join(chunks))
+
+    def _model_name(self, requested: str | None) -> str:
+        if requested is not None and requested != self.served.name:
+            raise ApiError(
+                f"the model {requested!r} does not exist here; this server serves {self.served.name!r}",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        return self.served.name
+
+    def _check_length(self, ids: list[int]) -> None:
+        limit = self.served.max_model_len
+        if len(ids) >= limit:
+            raise ApiError(
+                f"this model's maximum context length is {limit} tokens, but the prompt has {len(ids)}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+
+    def _job(self, prompt_ids: list[list[int]], sampling: protocol.Sampling) -> _Job:
+        params = sampling.as_dict(self.served.default_max_tokens)
+        requests = []
+        for p, ids in enumerate(prompt_ids):
+            key = random.getrandbits(62)
+            for i in range(sampling.n):
+                requests.append(sampling_request(ids, params, SAMPLING_DEFAULTS, (key, p, i), (key, p, i)))
+        return _Job(prompt_ids, requests, sampling.n)
+
+    async def _generate(self, job: _Job) -> list[GenResult]:
+        try:
+            results = await asyncio.gather(*(self.served.batcher.submit(r) for r in job.requests))
+        except Exception as exc:  # noqa: BLE001 - an engine failure is the server's, not the client's
+            raise ApiError(f"generation failed: {type(exc).__name__}: {exc}", status=500) from exc
+        self.metrics.prompt_tokens.inc(sum(len(p) for p in job.prompt_ids))
+        self.metrics.completion_tokens.inc(sum(len(r.token_ids) for r in results))
+        return list(results)
+
+    def _pieces(self, result: GenResult) -> tuple[list[str], list[str]]:
+        """(each token's own text, the stream deltas): the deltas join to exactly ``result.text``."""
+        tok = self.served.tokenizer
+        own = [tok.decode([t], skip_special_tokens=False) for t in result.token_ids]
+        deltas, done = [], 0
+        for k in range(1, len(result.token_ids) + 1):
+            upto = min(len(tok.decode(result.token_ids[:k], skip_special_tokens=True)), len(result.text))
+            upto = max(upto, done)
+            deltas.append(result.text[done:upto])
+            done = upto
+        if deltas:
+            deltas[-1] += result.text[done:]
+        return own, deltas
+
+    # -- routes -------------------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        start = time.perf_counter()
+        body = await self._body(request)
+        req = protocol.parse_chat(body)
+        name = self._model_name(req.model)
+        try:
+            prompt_ids = self.served.template.prompt_ids(req.messages, req.tools)
+        except ConfigError as exc:  # the only one it raises: the prompt does not fit max_model_len
+            raise ApiError(
+                f"this model's maximum context length is {self.served.max_model_len} tokens: {exc}",
+                param="messages",
+                code="context_length_exceeded",
+            ) from exc
+        except Exception as exc:  # noqa: BLE001 - the chat template rejects what it cannot render
+            raise ApiError(f"the chat template cannot render these messages: {exc}", param="messages") from exc
+        self._check_length(prompt_ids)
+        job = self._job([prompt_ids], req.sampling)
+        rid = protocol.new_id("chatcmpl")
+        if req.stream:
+            return self._stream(self._chat_chunks(req, job, rid, name, start))
+        results = await self._generate(job)
+        self.metrics.ttft.observe(time.perf_counter() - start)
+        self.metrics.latency.observe(time.perf_counter() - start)
+        choices = []
+        for i, res in enumerate(results):
+            choice: dict[str, Any] = {
+                "index": i,
+                "message": {"role": "assistant", "content": res.text},
+                "logprobs": None,
+                "finish_reason": res.finish_reason,
+            }
+            if req.logprobs:
+                choice["logprobs"] = protocol.chat_logprobs(self._pieces(res)[0], res.logprobs)
+            if req.return_token_ids:
+                choice["token_ids"] = res.token_ids
+            choices.append(choice)
+        extra: dict[str, Any] = {
+            "usage": protocol.usage(len(prompt_ids), sum(len(r.token_ids) for r in results)),
+            "system_fingerprint": None,
+        }
+        if req.return_token_ids:
+            extra["prompt_token_ids"] = prompt_ids
+        return JSONResponse(protocol.envelope("chat.completion", rid, name, choices, **extra))
+
+    async def _chat_chunks(
+        self, req: protocol.ChatRequest, job: _Job, rid: str, name: str, start: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+            return protocol.envelope("chat.completion.chunk", rid, name, choices, **extra)
+
+        first: dict[str, Any] = {"prompt_token_ids": job.prompt_ids[0]} if req.return_token_ids else {}
+        yield chunk(
+            [
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+                for i in range(job.n)
+            ],
+            **first,
+        )
+        results = await self._generate(job)
+        self.metrics.ttft.observe(time.perf_counter() - start)
+        for i, res in enumerate(results):
+            own, deltas = self._pieces(res)
+            for k, delta in enumerate(deltas):
+                c: dict[str, Any] = {"index": i, "delta": {"content": delta}, "logprobs": None, "finish_reason": None}
+                if req.logprobs:
+                    c["logprobs"] = protocol.chat_logprobs(own[k : k + 1], res.logprobs[k : k + 1])
+                if req.return_token_ids:
+                    c["token_ids"] = res.token_ids[k : k + 1]
+                yield chunk([c])
+            yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason}])
+        self.metrics.latency.observe(time.perf_counter() - start)
+        if req.include_usage:
+            yield chunk([], usage=protocol.usage(len(job.prompt_ids[0]), sum(len(r.token_ids) for r in results)))
+
+    async def completions(self, request: Request) -> Response:
+        start = time.perf_counter()
+        body = await self._body(request)
+        req = protocol.parse_completion(body)
+        name = self._model_name(req.model)
+        prompt_ids = []
+        for p in req.prompts:
+            ids = list(p) if isinstance(p, list) else list(self.served.tokenizer(p).input_ids)
+            vocab = len(self.served.tokenizer)
+            if any(t < 0 or t >= vocab for t in ids):
+                raise ApiError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+            self._check_length(ids)
+            prompt_ids.append(ids)
+        job = self._job(prompt_ids, req.sampling)
+        rid = protocol.new_id("cmpl")
+        if req.stream:
+            return self._stream(self._completion_chunks(req, job, rid, name, start))
+        results = await self._generate(job)
+        self.metrics.ttft.observe(time.perf_counter() - start)
+        self.metrics.latency.observe(time.perf_counter() - start)
+        choices = []
+        for i, res in enumerate(results):
+            choice: dict[str, Any] = {
+                "index": i,
+                "text": res.text,
+                "logprobs": None,
+                "finish_reason": res.finish_reason,
+            }
+            if req.logprobs:
+                choice["logprobs"] = protocol.completion_logprobs(self._pieces(res)[0], res.logprobs)
+            if req.return_token_ids:
+                choice["prompt_token_ids"] = prompt_ids[i // job.n]
+                choice["token_ids"] = res.token_ids
+            choices.append(choice)
+        use = protocol.usage(sum(len(p) for p in prompt_ids), sum(len(r.token_ids) for r in results))
+        return JSONResponse(protocol.envelope("text_completion", rid, name, choices, usage=use))
+
+    async def _completion_chunks(
+        self, req: protocol.CompletionRequest, job: _Job, rid: str, name: str, start: float
+    ) -> AsyncIterator[dict[str, Any]]:
+        results = await self._generate(job)
+        self.metrics.ttft.observe(time.perf_counter() - start)
+        for i, res in enumerate(results):
+            own, deltas = self._pieces(res)
+            for k, delta in enumerate(deltas):
+                c: dict[str, Any] = {"index": i, "text": delta, "logprobs": None, "finish_reason": None}
+                if req.logprobs:
+                    c["logprobs"] = protocol.completion_logprobs(own[k : k + 1], res.logprobs[k : k + 1])
+                if req.return_token_ids:
+                    c["token_ids"] = res.token_ids[k : k + 1]
+                    if k == 0:
+                        c["prompt_token_ids"] = job.prompt_ids[i // job.n]
+                yield protocol.envelope("text_completion", rid, name, [c])
+            done = {"index": i, "text": "", "logprobs": None, "finish_reason": res.finish_reason}
+            yield protocol.envelope("text_completion", rid, name, [done])
+        self.metrics.latency.observe(time.perf_counter() - start)
+        if req.include_usage:
+            use = protocol.usage(sum(len(p) for p in job.prompt_ids), sum(len(r.token_ids) for r in results))
+            yield protocol.envelope("text_completion", rid, name, [], usage=use)
+
+    def _stream(self, chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+        async def sse() -> AsyncIterator[bytes]:
+            try:
+                async for c in chunks:
+                    yield f"data: {json.dumps(c)}\n\n".encode()
+            except ApiError as exc:  # the status line is gone: the error travels as an event
+                yield f"data: {json.dumps(exc.body())}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+
+        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    def _model_card(self) -> dict[str, Any]:
+        return {
+            "id": self.served.name,
+            "object": "model",
+            "created": self.served.created,
+            "owned_by": "reinforge",
+            "root": str(self.served.folder),
+            "max_model_len": self.served.max_model_len,
+        }
+
+    async def models(self, request: Request) -> Response:
+        auth.check(request.headers.get("authorization"), self.api_key)
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        auth.check(request.headers.get("authorization"), self.api_key)
+        self._model_name(request.path_params["name"])
+        return JSONResponse(self._model_card())
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "model": self.served.name})
+
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    error = ApiError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code, kind=kind)
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+def build_app(
+    served: ServedModel,
+    *,
+    api_key: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    metrics: Metrics | None = None,
+) -> Starlette:
+    """The ASGI app serving ``served`` (give ``metrics`` to share them with the batcher's ``on_batch``)."""
+    metrics = metrics or Metrics()
+    svc = Service(served, metrics, api_key=api_key, max_body_bytes=max_body_bytes)
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        ApiError: _api_error,
+        HTTPException: _http_error,
+    }
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", svc.chat, methods=["POST"]),
+            Route("/v1/completions", svc.completions, methods=["POST"]),
+            Route("/v1/models", svc.models, methods=["GET"]),
+            Route("/v1/models/{name:path}", svc.model, methods=["GET"]),
+            Route("/healthz", svc.healthz, methods=["GET"]),
+            Route("/metrics", svc.metrics_text, methods=["GET"]),
+        ],
+        exception_handlers=handlers,
+    )
+    app.state.service = svc
+    app.add_middleware(_CountRequests, metrics=metrics)
+    return app

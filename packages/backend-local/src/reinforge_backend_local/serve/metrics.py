@@ -1,0 +1,55 @@
+"""Prometheus metrics of one server (its own registry, so several servers in one process do not mix)."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/metrics")
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class Metrics:
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "reinforge_serve_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.prompt_tokens = Counter("reinforge_serve_prompt_tokens", "prompt tokens of served requests", registry=r)
+        self.completion_tokens = Counter("reinforge_serve_completion_tokens", "completion tokens generated", registry=r)
+        self.batch_size = Histogram(
+            "reinforge_serve_batch_size",
+            "rows per engine batch",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "reinforge_serve_queue_wait_seconds", "time a completion waited for its batch", buckets=_LATENCY, registry=r
+        )
+        self.ttft = Histogram(
+            "reinforge_serve_time_to_first_token_seconds",
+            "request arrival to its first completion token leaving the server",
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.latency = Histogram(
+            "reinforge_serve_request_seconds",
+            "request arrival to its last byte of generation",
+            buckets=_LATENCY,
+            registry=r,
+        )
+
+    def route(self, path: str) -> str:
+        if path in ROUTES:
+            return path
+        return "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
+
+    def on_batch(self, size: int, waits: list[float]) -> None:
+        """Called by the batcher on the decode thread as each batch starts."""
+        self.batch_size.observe(size)
+        for w in waits:
+            self.queue_wait.observe(w)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
