@@ -167,11 +167,14 @@ def test_export_run_from_python_and_force_replaces_a_non_empty_out(run_dir, tmp_
     assert export_run(run_dir, empty, merged=False) == empty
 
 
-def _fake_run(run_dir, tmp_path, *, checkpoint_files=()):
+def _fake_run(run_dir, tmp_path, *, checkpoint_files=(), dtype=None):
     """A run folder with the real run's config.json and, optionally, one checkpoint made of these files."""
     fake = tmp_path / "fake-run"
     (fake / "checkpoints").mkdir(parents=True)
-    shutil.copy(run_dir / "config.json", fake / "config.json")
+    config = json.loads((run_dir / "config.json").read_text())
+    if dtype is not None:
+        config["model"]["dtype"] = dtype
+    (fake / "config.json").write_text(json.dumps(config))
     if checkpoint_files:
         ckpt = fake / "checkpoints" / "step-1"
         ckpt.mkdir()
@@ -213,6 +216,27 @@ def test_a_full_finetune_checkpoint_exports_its_weights_merged(run_dir, model_fo
     assert code == 0, said
     exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).state_dict()
     assert torch.equal(exported["model.layers.0.mlp.up_proj.weight"], weights["model.layers.0.mlp.up_proj.weight"])
+
+
+def test_a_bfloat16_run_exports_bfloat16_weights(run_dir, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    fake = _fake_run(run_dir, tmp_path, dtype="bfloat16")
+    shutil.copytree(checkpoint.latest(run_dir), fake / "checkpoints" / "step-1")
+    code, said = _export(capsys, fake, "--out", tmp_path / "out")
+    assert code == 0, said
+    weights = load_file(str(tmp_path / "out" / "model.safetensors"))
+    assert {w.dtype for w in weights.values()} == {torch.bfloat16}
+
+
+def test_a_lone_full_finetune_checkpoint_names_what_is_missing(tmp_path, capsys):
+    ckpt = tmp_path / "step-3"
+    ckpt.mkdir()
+    (ckpt / "state.json").write_text("{}")
+    (ckpt / "model.pt").write_text("")
+    code, said = _export(capsys, ckpt, "--out", tmp_path / "out")
+    assert code == 1 and "Traceback" not in said
+    assert f"cannot tell which base model {ckpt} was trained from" in said
 
 
 def test_out_may_not_be_the_run_folder(run_dir, capsys):

@@ -72,16 +72,16 @@ def resolve_checkpoint(path: Path) -> Source:
         checkpoint=ckpt,
         run_dir=run_dir,
         base=_base_folder(model, ckpt, peft),
-        dtype=str(model.get("dtype") or "float32"),
+        dtype=str((model or {}).get("dtype") or "float32"),
         peft=peft,
     )
 
 
-def _run_model(run_dir: Path, ckpt: Path) -> dict[str, Any]:
-    """The ``model`` section of the run's ``config.json`` (``{}`` when the run folder has none)."""
+def _run_model(run_dir: Path, ckpt: Path) -> dict[str, Any] | None:
+    """The ``model`` section of the run's ``config.json`` (``None`` when the run folder has no config)."""
     config = run_dir / "config.json"
     if not config.exists():
-        return {}
+        return None
     try:
         model = json.loads(config.read_text()).get("model") or {}
     except (json.JSONDecodeError, AttributeError) as exc:
@@ -89,19 +89,25 @@ def _run_model(run_dir: Path, ckpt: Path) -> dict[str, Any]:
     return model if isinstance(model, dict) else {}
 
 
-def _base_folder(model: dict[str, Any], ckpt: Path, peft: bool) -> Path:
-    """The base model folder, absolute: the run's ``model_path``, else what the adapter recorded."""
+def _base_folder(model: dict[str, Any] | None, ckpt: Path, peft: bool) -> Path:
+    """The base model folder, absolute: the run's ``model_path``, else what the adapter recorded.
+
+    A run config without a model section trained the default model.
+    """
     from .modeling import DEFAULT_MODEL, resolve_model_path
 
     candidates: list[str] = []
-    if model.get("model_path"):
-        candidates.append(str(model["model_path"]))
+    if model is not None:
+        candidates.append(str(model.get("model_path") or DEFAULT_MODEL))
     if peft:
         recorded = json.loads((ckpt / "adapter" / "adapter_config.json").read_text()).get("base_model_name_or_path")
         if recorded:
             candidates.append(str(recorded))
     if not candidates:
-        candidates.append(DEFAULT_MODEL)
+        raise ExportError(
+            f"export: cannot tell which base model {ckpt} was trained from: no config.json in its run folder "
+            f"{ckpt.parent.parent} and no LoRA adapter config"
+        )
     errors = []
     for name in candidates:
         try:
