@@ -484,3 +484,52 @@ def test_command_line(monkeypatch: pytest.MonkeyPatch, model_folder: Any) -> Non
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
     assert main(["serve", str(model_folder), "--api-key-env", "NO_SUCH_KEY_VAR"]) == 1
     assert main(["serve", str(model_folder), "--port", "70000"]) == 1
+
+
+def test_reinforge_serve_command_serves_a_run(tmp_path: Any, model_folder: Any) -> None:
+    """The real command: ``reinforge serve RUN_DIR --port 0 --api-key-env``, a request, then SIGTERM."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    run = tmp_path / "my-run"
+    ckpt = run / "checkpoints" / "step-1"
+    peft_model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(str(model_folder)), LoraConfig(r=2, target_modules=["q_proj"])
+    )
+    peft_model.save_pretrained(str(ckpt / "adapter"))
+    (ckpt / "state.json").write_text("{}")
+    (run / "config.json").write_text(json.dumps({"model": {"model_path": str(model_folder), "max_model_len": 512}}))
+    exe = Path(sys.executable).with_name("reinforge")
+    env = {**os.environ, "SERVE_TEST_KEY": KEY}
+    cmd = [str(exe), "serve", str(run), "--port", "0", "--api-key-env", "SERVE_TEST_KEY", "--threads", "2"]
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        seen = []
+        port = None
+        for line in proc.stderr:  # ends if the server dies
+            seen.append(line)
+            m = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
+            if m:
+                port = int(m.group(1))
+                break
+        assert port is not None, "".join(seen)
+        assert any("serving 'my-run/step-1'" in s for s in seen), "".join(seen)
+        base = f"http://127.0.0.1:{port}"
+        headers = {"Authorization": f"Bearer {KEY}"}
+        assert httpx.get(f"{base}/healthz").json()["model"] == "my-run/step-1"
+        assert httpx.get(f"{base}/v1/models", headers=headers).json()["data"][0]["id"] == "my-run/step-1"
+        body = {"model": "my-run/step-1", "messages": HELLO, "max_tokens": 4, "temperature": 0}
+        r = httpx.post(f"{base}/v1/chat/completions", json=body, headers=headers, timeout=120)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 4
+        assert httpx.post(f"{base}/v1/chat/completions", json=body).status_code == 401
+    finally:
+        proc.terminate()
+        _, rest = proc.communicate(timeout=60)
+    # uvicorn shuts down cleanly, then re-raises the SIGTERM it caught
+    assert proc.returncode in (0, -15) and "Finished server process" in rest, rest
