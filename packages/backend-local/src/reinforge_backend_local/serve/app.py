@@ -163,8 +163,12 @@ class Service:
         self._check_length(prompt_ids)
         job = self._job([prompt_ids], req.sampling)
         rid = protocol.new_id("chatcmpl")
+        headers = {}
+        if req.tools:  # a chat template that never mentions tools renders none: say so
+            rendered = "tools" in str(self.served.tokenizer.chat_template or "")
+            headers["x-reinforge-tools"] = "rendered" if rendered else "ignored-by-chat-template"
         if req.stream:
-            return self._stream(self._chat_chunks(req, job, rid, name, start))
+            return self._stream(self._chat_chunks(req, job, rid, name, start), headers)
         results = await self._generate(job)
         self.metrics.ttft.observe(time.perf_counter() - start)
         self.metrics.latency.observe(time.perf_counter() - start)
@@ -187,7 +191,7 @@ class Service:
         }
         if req.return_token_ids:
             extra["prompt_token_ids"] = prompt_ids
-        return JSONResponse(protocol.envelope("chat.completion", rid, name, choices, **extra))
+        return JSONResponse(protocol.envelope("chat.completion", rid, name, choices, **extra), headers=headers)
 
     async def _chat_chunks(
         self, req: protocol.ChatRequest, job: _Job, rid: str, name: str, start: float
@@ -279,7 +283,9 @@ class Service:
             use = protocol.usage(sum(len(p) for p in job.prompt_ids), sum(len(r.token_ids) for r in results))
             yield protocol.envelope("text_completion", rid, name, [], usage=use)
 
-    def _stream(self, chunks: AsyncIterator[dict[str, Any]]) -> StreamingResponse:
+    def _stream(
+        self, chunks: AsyncIterator[dict[str, Any]], headers: dict[str, str] | None = None
+    ) -> StreamingResponse:
         async def sse() -> AsyncIterator[bytes]:
             try:
                 async for c in chunks:
@@ -288,7 +294,9 @@ class Service:
                 yield f"data: {json.dumps(exc.body())}\n\n".encode()
             yield b"data: [DONE]\n\n"
 
-        return StreamingResponse(sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return StreamingResponse(
+            sse(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", **(headers or {})}
+        )
 
     def _model_card(self) -> dict[str, Any]:
         return {
