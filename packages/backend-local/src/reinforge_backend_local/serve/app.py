@@ -102,12 +102,12 @@ class Service:
             )
         return self.served.name
 
-    def _check_length(self, ids: list[int]) -> None:
+    def _check_length(self, ids: list[int], param: str) -> None:
         limit = self.served.max_model_len
         if len(ids) >= limit:
             raise ApiError(
                 f"this model's maximum context length is {limit} tokens, but the prompt has {len(ids)}",
-                param="messages",
+                param=param,
                 code="context_length_exceeded",
             )
 
@@ -160,7 +160,7 @@ class Service:
             ) from exc
         except Exception as exc:  # noqa: BLE001 - the chat template rejects what it cannot render
             raise ApiError(f"the chat template cannot render these messages: {exc}", param="messages") from exc
-        self._check_length(prompt_ids)
+        self._check_length(prompt_ids, "messages")
         job = self._job([prompt_ids], req.sampling)
         rid = protocol.new_id("chatcmpl")
         headers = {}
@@ -234,7 +234,7 @@ class Service:
             vocab = len(self.served.tokenizer)
             if any(t < 0 or t >= vocab for t in ids):
                 raise ApiError(f"prompt token ids must be in [0, {vocab})", param="prompt")
-            self._check_length(ids)
+            self._check_length(ids, "prompt")
             prompt_ids.append(ids)
         job = self._job(prompt_ids, req.sampling)
         rid = protocol.new_id("cmpl")

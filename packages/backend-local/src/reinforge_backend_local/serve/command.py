@@ -78,6 +78,12 @@ def run(args: argparse.Namespace) -> int:
     where = f"http://{args.host}:{args.port}/v1"
     auth_note = f"key from ${args.api_key_env}" if args.api_key_env else "no API key (open)"
     print(f"reinforge: serving {served.name!r} ({served.folder}) at {where}, {auth_note}", file=sys.stderr, flush=True)
+    if not args.api_key_env and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"reinforge: warning: {args.host} is reachable from other machines and no --api-key-env is set",
+            file=sys.stderr,
+            flush=True,
+        )
     config = uvicorn.Config(
         app, host=args.host, port=args.port, loop="uvloop", http="httptools", log_level=args.log_level
     )
