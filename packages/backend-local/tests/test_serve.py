@@ -131,7 +131,7 @@ def test_openai_chat_with_token_ids_and_logprobs(client: Any, name: str, tokeniz
     assert out.usage.total_tokens == len(prompt_ids) + len(ids)
     lps = choice.logprobs.content
     assert len(lps) == len(ids) and all(lp.logprob <= 0 for lp in lps)
-    assert "".join(lp.token for lp in lps).startswith(choice.message.content.strip()[:1])
+    assert [lp.token for lp in lps] == [tokenizer.decode([i]) for i in ids]
     # greedy is deterministic
     again = client.chat.completions.create(model=name, messages=HELLO, max_tokens=12, temperature=0)
     assert again.choices[0].message.content == choice.message.content
@@ -547,3 +547,32 @@ def test_reinforge_serve_command_serves_a_run(tmp_path: Any, model_folder: Any) 
         _, rest = proc.communicate(timeout=60)
     # uvicorn shuts down cleanly, then re-raises the SIGTERM it caught
     assert proc.returncode in (0, -15) and "Finished server process" in rest, rest
+
+
+def test_stream_n2_matches_non_stream(http: httpx.Client, name: str) -> None:
+    body = {"model": name, "messages": HELLO, "max_tokens": 6, "n": 2, "seed": 3, "temperature": 1.0}
+    whole = http.post("/v1/chat/completions", json=body).json()
+    texts: dict[int, str] = {0: "", 1: ""}
+    finish: dict[int, str] = {}
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        for line in r.iter_lines():
+            if not line or line == "data: [DONE]":
+                continue
+            for c in json.loads(line[6:])["choices"]:
+                texts[c["index"]] += c["delta"].get("content") or ""
+                if c["finish_reason"]:
+                    finish[c["index"]] = c["finish_reason"]
+    assert [texts[0], texts[1]] == [c["message"]["content"] for c in whole["choices"]]
+    assert [finish[0], finish[1]] == [c["finish_reason"] for c in whole["choices"]]
+
+
+def test_completion_logprobs_zero(http: httpx.Client, name: str, tokenizer: Any) -> None:
+    body = {"model": name, "prompt": ["One, two,", "Red, green,"], "max_tokens": 4, "temperature": 0, "logprobs": 0}
+    out = http.post("/v1/completions", json={**body, "return_token_ids": True}).json()
+    assert [c["index"] for c in out["choices"]] == [0, 1]
+    for c, prompt in zip(out["choices"], body["prompt"]):
+        lp = c["logprobs"]
+        assert lp["tokens"] == [tokenizer.decode([i]) for i in c["token_ids"]]
+        assert len(lp["token_logprobs"]) == len(c["token_ids"]) and all(x <= 0 for x in lp["token_logprobs"])
+        assert c["prompt_token_ids"] == tokenizer(prompt).input_ids
+    assert out["usage"]["prompt_tokens"] == sum(len(c["prompt_token_ids"]) for c in out["choices"])
