@@ -576,3 +576,20 @@ def test_completion_logprobs_zero(http: httpx.Client, name: str, tokenizer: Any)
         assert len(lp["token_logprobs"]) == len(c["token_ids"]) and all(x <= 0 for x in lp["token_logprobs"])
         assert c["prompt_token_ids"] == tokenizer(prompt).input_ids
     assert out["usage"]["prompt_tokens"] == sum(len(c["prompt_token_ids"]) for c in out["choices"])
+
+
+def test_engine_failure_is_a_500_and_the_server_goes_on(
+    http: httpx.Client, name: str, served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(requests: Any) -> Any:
+        raise RuntimeError("out of cache")
+
+    with monkeypatch.context() as m:
+        m.setattr(served[0].engine, "generate", broken)
+        r = http.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2})
+        assert r.status_code == 500
+        assert r.json()["error"]["type"] == "server_error" and "out of cache" in r.json()["error"]["message"]
+        with http.stream("POST", "/v1/chat/completions", json={"messages": HELLO, "stream": True}) as s:
+            events = [line for line in s.iter_lines() if line]
+        assert "out of cache" in events[-2] and events[-1] == "data: [DONE]"
+    _ok(http, name)
