@@ -1,4 +1,11 @@
-"""The routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/healthz``, ``/metrics``."""
+"""The routes: ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``, ``/healthz``, ``/metrics``,
+``/admin/adapter`` (hot adapter swap).
+
+A hot swap drains: new completion requests wait at admission, the ones already admitted
+(their ``x-policy-version`` header already sent) finish on the weights they started with,
+then the new weights go in under the engine's lock (between batches) and admission reopens.
+So every response's ``x-policy-version`` is the version of the weights that generated it.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -23,10 +31,11 @@ from ..engine import GenRequest, GenResult
 from ..policy import sampling_request
 from . import auth, protocol
 from .metrics import Metrics
-from .model import ServedModel
+from .model import AdapterError, ServedModel
 from .protocol import ApiError
 
 MAX_BODY_BYTES = 4 * 2**20
+VERSION_HEADER = "x-policy-version"
 SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
 
 
@@ -67,17 +76,60 @@ class Service:
     """State of the routes: the served model, its key, limits and metrics."""
 
     def __init__(
-        self, served: ServedModel, metrics: Metrics, *, api_key: str | None, max_body_bytes: int = MAX_BODY_BYTES
+        self,
+        served: ServedModel,
+        metrics: Metrics,
+        *,
+        api_key: str | None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        admin_key: str | None = None,
     ) -> None:
+        if admin_key is not None and admin_key == api_key:
+            raise ConfigError("the admin key must differ from the traffic API key")
         self.served = served
         self.metrics = metrics
         self.api_key = api_key
+        self.admin_key = admin_key
         self.max_body_bytes = max_body_bytes
+        self.metrics.policy_version.set(served.policy_version)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._inflight = 0
 
     # -- plumbing -----------------------------------------------------------------------------
 
+    def _bind(self) -> None:
+        """Admission state on the serving loop (made there: asyncio primitives belong to one loop)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop:
+            self._loop, self._inflight = loop, 0
+            self._open, self._idle, self._swap_lock = asyncio.Event(), asyncio.Event(), asyncio.Lock()
+            self._open.set()
+            self._idle.set()
+
+    async def _start(self, job: _Job) -> tuple[asyncio.Task[list[GenResult]], int]:
+        """Admit ``job`` (waiting while a swap drains) and start it: (its generation, the version it runs on)."""
+        self._bind()
+        while not self._open.is_set():
+            await self._open.wait()
+        self._inflight += 1
+        self._idle.clear()
+        task = asyncio.get_running_loop().create_task(self._generate(job))
+
+        def done(t: asyncio.Task[list[GenResult]]) -> None:
+            if not t.cancelled():
+                t.exception()  # retrieved: a stream whose client left never awaits it
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+
+        task.add_done_callback(done)
+        return task, self.served.policy_version
+
     async def _body(self, request: Request) -> dict[str, Any]:
         auth.check(request.headers.get("authorization"), self.api_key)
+        return await self._json(request)
+
+    async def _json(self, request: Request) -> dict[str, Any]:
         too_big = ApiError(
             f"the request body is over the limit of {self.max_body_bytes} bytes", status=413, code="request_too_large"
         )
@@ -163,13 +215,14 @@ class Service:
         self._check_length(prompt_ids, "messages")
         job = self._job([prompt_ids], req.sampling)
         rid = protocol.new_id("chatcmpl")
-        headers = {}
+        pending, version = await self._start(job)
+        headers = {VERSION_HEADER: str(version)}
         if req.tools:  # a chat template that never mentions tools renders none: say so
             rendered = "tools" in str(self.served.tokenizer.chat_template or "")
             headers["x-reinforge-tools"] = "rendered" if rendered else "ignored-by-chat-template"
         if req.stream:
-            return self._stream(self._chat_chunks(req, job, rid, name, start), headers)
-        results = await self._generate(job)
+            return self._stream(self._chat_chunks(req, job, pending, rid, name, start), headers)
+        results = await pending
         self.metrics.ttft.observe(time.perf_counter() - start)
         self.metrics.latency.observe(time.perf_counter() - start)
         choices = []
@@ -194,7 +247,13 @@ class Service:
         return JSONResponse(protocol.envelope("chat.completion", rid, name, choices, **extra), headers=headers)
 
     async def _chat_chunks(
-        self, req: protocol.ChatRequest, job: _Job, rid: str, name: str, start: float
+        self,
+        req: protocol.ChatRequest,
+        job: _Job,
+        pending: Awaitable[list[GenResult]],
+        rid: str,
+        name: str,
+        start: float,
     ) -> AsyncIterator[dict[str, Any]]:
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
             return protocol.envelope("chat.completion.chunk", rid, name, choices, **extra)
@@ -207,7 +266,7 @@ class Service:
             ],
             **first,
         )
-        results = await self._generate(job)
+        results = await pending
         self.metrics.ttft.observe(time.perf_counter() - start)
         for i, res in enumerate(results):
             own, deltas = self._pieces(res)
@@ -238,9 +297,11 @@ class Service:
             prompt_ids.append(ids)
         job = self._job(prompt_ids, req.sampling)
         rid = protocol.new_id("cmpl")
+        pending, version = await self._start(job)
+        headers = {VERSION_HEADER: str(version)}
         if req.stream:
-            return self._stream(self._completion_chunks(req, job, rid, name, start))
-        results = await self._generate(job)
+            return self._stream(self._completion_chunks(req, job, pending, rid, name, start), headers)
+        results = await pending
         self.metrics.ttft.observe(time.perf_counter() - start)
         self.metrics.latency.observe(time.perf_counter() - start)
         choices = []
@@ -258,12 +319,18 @@ class Service:
                 choice["token_ids"] = res.token_ids
             choices.append(choice)
         use = protocol.usage(sum(len(p) for p in prompt_ids), sum(len(r.token_ids) for r in results))
-        return JSONResponse(protocol.envelope("text_completion", rid, name, choices, usage=use))
+        return JSONResponse(protocol.envelope("text_completion", rid, name, choices, usage=use), headers=headers)
 
     async def _completion_chunks(
-        self, req: protocol.CompletionRequest, job: _Job, rid: str, name: str, start: float
+        self,
+        req: protocol.CompletionRequest,
+        job: _Job,
+        pending: Awaitable[list[GenResult]],
+        rid: str,
+        name: str,
+        start: float,
     ) -> AsyncIterator[dict[str, Any]]:
-        results = await self._generate(job)
+        results = await pending
         self.metrics.ttft.observe(time.perf_counter() - start)
         for i, res in enumerate(results):
             own, deltas = self._pieces(res)
@@ -306,6 +373,8 @@ class Service:
             "owned_by": "reinforge",
             "root": str(self.served.folder),
             "max_model_len": self.served.max_model_len,
+            "policy_version": self.served.policy_version,
+            "adapter": str(self.served.adapter) if self.served.adapter is not None else None,
         }
 
     async def models(self, request: Request) -> Response:
@@ -322,6 +391,44 @@ class Service:
 
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    async def admin_adapter(self, request: Request) -> Response:
+        """``POST /admin/adapter {"path": DIR | null}``: swap the LoRA adapter (``null``: the base model)."""
+        auth.check_admin(request.headers.get("authorization"), self.admin_key)
+        body = await self._json(request)
+        raw = body.get("path")
+        if "path" not in body or not (raw is None or isinstance(raw, str)):
+            raise ApiError(
+                "'path' is required: an adapter, checkpoint or run folder, or null for the base model", param="path"
+            )
+        swapper = self.served.swapper
+        if swapper is None:
+            raise ApiError("this server cannot swap adapters", status=409, code="swap_unsupported")
+        self._bind()
+        loop = asyncio.get_running_loop()
+        async with self._swap_lock:  # one swap at a time
+            target = Path(raw).expanduser() if raw is not None else None
+            try:  # read and checked off the event loop, while the old weights keep serving
+                folder, factors = await loop.run_in_executor(None, swapper.read, target)
+            except AdapterError as exc:
+                self.metrics.swaps.labels("rejected").inc()
+                raise ApiError(f"adapter rejected: {exc}", param="path", code="invalid_adapter") from exc
+            self._open.clear()  # drain: admitted requests finish on the old weights
+            try:
+                await self._idle.wait()
+                await loop.run_in_executor(None, swapper.apply, factors)
+                self.served.adapter = folder
+                self.served.policy_version += 1
+            except Exception as exc:  # noqa: BLE001 - the server's fault, not the request's
+                self.metrics.swaps.labels("failed").inc()
+                raise ApiError(f"the swap failed: {type(exc).__name__}: {exc}", status=500) from exc
+            finally:
+                self._open.set()
+        version = self.served.policy_version
+        self.metrics.policy_version.set(version)
+        self.metrics.swaps.labels("ok").inc()
+        out = {"policy_version": version, "adapter": str(folder) if folder is not None else None}
+        return JSONResponse({"model": self.served.name, **out}, headers={VERSION_HEADER: str(version)})
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -342,10 +449,14 @@ def build_app(
     api_key: str | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     metrics: Metrics | None = None,
+    admin_key: str | None = None,
 ) -> Starlette:
-    """The ASGI app serving ``served`` (give ``metrics`` to share them with the batcher's ``on_batch``)."""
+    """The ASGI app serving ``served`` (give ``metrics`` to share them with the batcher's ``on_batch``).
+
+    ``admin_key`` enables ``POST /admin/adapter`` (without it the route answers 403).
+    """
     metrics = metrics or Metrics()
-    svc = Service(served, metrics, api_key=api_key, max_body_bytes=max_body_bytes)
+    svc = Service(served, metrics, api_key=api_key, max_body_bytes=max_body_bytes, admin_key=admin_key)
     handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
         ApiError: _api_error,
         HTTPException: _http_error,
@@ -358,6 +469,7 @@ def build_app(
             Route("/v1/models/{name:path}", svc.model, methods=["GET"]),
             Route("/healthz", svc.healthz, methods=["GET"]),
             Route("/metrics", svc.metrics_text, methods=["GET"]),
+            Route("/admin/adapter", svc.admin_adapter, methods=["POST"]),
         ],
         exception_handlers=handlers,
     )

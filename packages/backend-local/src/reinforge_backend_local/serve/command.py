@@ -21,6 +21,11 @@ def arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--api-key-env", metavar="NAME", help="environment variable holding the key clients must send as Bearer"
     )
+    parser.add_argument(
+        "--admin-key-env",
+        metavar="NAME",
+        help="environment variable holding the admin key for POST /admin/adapter (without it the route is off)",
+    )
     parser.add_argument("--max-batch", type=int, default=64, metavar="N", help="rows per engine batch (default 64)")
     parser.add_argument(
         "--window-ms", type=float, default=10.0, help="how long a batch waits for more requests (default 10 ms)"
@@ -54,6 +59,9 @@ def build(args: argparse.Namespace) -> Any:
 
     _check(args)
     key = auth.key_from_env(args.api_key_env)
+    admin_key = auth.key_from_env(getattr(args, "admin_key_env", None), "--admin-key-env")
+    if admin_key is not None and admin_key == key:
+        raise ConfigError("--admin-key-env: the admin key must differ from the traffic key (--api-key-env)")
     source = resolve_source(args.target, args.adapter, name=args.served_model_name)
     metrics = Metrics()
     served = load(
@@ -63,7 +71,9 @@ def build(args: argparse.Namespace) -> Any:
         max_model_len=args.max_model_len,
         on_batch=metrics.on_batch,
     )
-    return build_app(served, api_key=key, max_body_bytes=int(args.max_body_mb * 2**20), metrics=metrics)
+    return build_app(
+        served, api_key=key, max_body_bytes=int(args.max_body_mb * 2**20), metrics=metrics, admin_key=admin_key
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/metrics")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/metrics", "/admin/adapter")
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -32,6 +32,12 @@ class Metrics:
             "request arrival to its first completion token leaving the server",
             buckets=_LATENCY,
             registry=r,
+        )
+        self.policy_version = Gauge(
+            "reinforge_serve_policy_version", "the served weights' version: +1 per hot adapter swap", registry=r
+        )
+        self.swaps = Counter(
+            "reinforge_serve_adapter_swaps", "POST /admin/adapter attempts by result", ["result"], registry=r
         )
         self.latency = Histogram(
             "reinforge_serve_request_seconds",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -117,6 +119,143 @@ class ServedModel:
     default_max_tokens: int = 512
     created: int = field(default_factory=lambda: int(time.time()))
     adapter: Path | None = None
+    swapper: AdapterSwapper | None = None
+    policy_version: int = 0  # +1 per successful hot swap (``POST /admin/adapter``)
+
+
+class AdapterError(ValueError):
+    """An adapter that cannot be swapped in; the message names the path and the problem."""
+
+
+LoraFactors = dict[str, tuple[Any, Any, float]]  # module name -> (lora_A, lora_B, scaling)
+
+
+def adapter_folder(path: Path) -> Path:
+    """The PEFT adapter folder of ``path``: an adapter folder, a checkpoint folder or a run folder (its latest)."""
+    if not path.exists():
+        raise AdapterError(f"{path}: no such file or folder")
+    if not path.is_dir():
+        raise AdapterError(f"{path}: not a folder (give a PEFT adapter, checkpoint or run folder)")
+    if (path / "adapter_config.json").exists():
+        return path
+    if (path / "checkpoints").is_dir() or (path / "summary.json").exists():
+        ckpt = checkpoint.latest(path)
+        if ckpt is None:
+            raise AdapterError(f"{path}: a run folder without checkpoints")
+        path = ckpt
+    if (path / "state.json").exists():
+        if (path / "adapter" / "adapter_config.json").exists():
+            return path / "adapter"
+        if (path / "model.pt").exists():
+            raise AdapterError(f"{path}: a full fine-tune checkpoint (model.pt), not a LoRA adapter")
+    raise AdapterError(f"{path}: not a PEFT adapter folder (no adapter_config.json)")
+
+
+def _pattern(patterns: dict[str, Any], name: str, default: Any) -> Any:
+    """peft's rank/alpha pattern lookup: a key matches a module name ending in it."""
+    for key, value in patterns.items():
+        if re.match(rf"(.*\.)?({key})$", name):
+            return value
+    return default
+
+
+class AdapterSwapper:
+    """LoRA adapters merged into the model's weights, exactly: each swap is base + the new delta.
+
+    The original weight of every module an adapter touched is kept (a copy of just those
+    modules), so a swap restores it before adding the next adapter's ``B @ A * scaling``,
+    the same arithmetic as peft's ``merge_and_unload``; ``None`` restores the base model.
+    """
+
+    def __init__(self, model: Any, lock: threading.Lock, packer: Any = None) -> None:
+        self.model = model
+        self.lock = lock
+        self.packer = packer
+        self.modules = dict(model.named_modules())
+        self.base: dict[str, Any] = {}
+        self.current: LoraFactors = {}
+
+    def read(self, path: Path | None) -> tuple[Path | None, LoraFactors]:
+        """The adapter at ``path`` as LoRA factors, checked against the model (nothing is changed)."""
+        import torch
+
+        if path is None:
+            return None, {}
+        folder = adapter_folder(path)
+        try:
+            config = json.loads((folder / "adapter_config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise AdapterError(f"{folder}: adapter_config.json is not readable JSON: {exc}") from exc
+        if not isinstance(config, dict) or config.get("peft_type", "LORA") != "LORA":
+            raise AdapterError(f"{folder}: not a LoRA adapter (peft_type {config.get('peft_type')!r})")
+        for flag in ("use_dora", "lora_bias"):
+            if config.get(flag):
+                raise AdapterError(f"{folder}: {flag} adapters cannot be hot-swapped (serve them with --adapter)")
+        if config.get("modules_to_save"):
+            raise AdapterError(f"{folder}: adapters with modules_to_save cannot be hot-swapped")
+        state = self._weights(folder)
+        pairs: dict[str, dict[str, Any]] = {}
+        for key, tensor in state.items():
+            m = re.fullmatch(r"(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight", key)
+            if m is None:
+                raise AdapterError(f"{folder}: unsupported adapter weight {key!r} (only LoRA on linear layers)")
+            pairs.setdefault(m.group(1), {})[m.group(2)] = tensor
+        if not pairs:
+            raise AdapterError(f"{folder}: the adapter has no LoRA weights")
+        alpha, rslora = float(config.get("lora_alpha", 8)), bool(config.get("use_rslora"))
+        factors: LoraFactors = {}
+        for name, ab in sorted(pairs.items()):
+            module = self.modules.get(name)
+            if module is None:
+                raise AdapterError(f"{folder}: the adapter targets {name!r}, which the model does not have")
+            if not isinstance(module, torch.nn.Linear):
+                raise AdapterError(f"{folder}: {name!r} is a {type(module).__name__}; only linear layers swap")
+            if set(ab) != {"A", "B"}:
+                raise AdapterError(f"{folder}: {name!r} lacks lora_{'A' if 'A' not in ab else 'B'}")
+            a, b = ab["A"], ab["B"]
+            shape = tuple(module.weight.shape)  # peft turns fan_in_fan_out off on nn.Linear
+            if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1] or (b.shape[0], a.shape[1]) != shape:
+                raise AdapterError(
+                    f"{folder}: shape mismatch at {name!r}: lora_B {tuple(b.shape)} @ lora_A {tuple(a.shape)} "
+                    f"does not fit the model's weight {tuple(module.weight.shape)} (another base model?)"
+                )
+            r = a.shape[0]
+            a_ = float(_pattern(config.get("alpha_pattern") or {}, name, alpha))
+            scaling = a_ / r**0.5 if rslora else a_ / r
+            factors[name] = (a.to(module.weight.dtype), b.to(module.weight.dtype), scaling)
+        return folder, factors
+
+    def _weights(self, folder: Path) -> dict[str, Any]:
+        import torch
+
+        try:
+            if (folder / "adapter_model.safetensors").exists():
+                from safetensors.torch import load_file
+
+                return dict(load_file(str(folder / "adapter_model.safetensors")))
+            if (folder / "adapter_model.bin").exists():
+                return dict(torch.load(folder / "adapter_model.bin", map_location="cpu", weights_only=True))
+        except Exception as exc:  # noqa: BLE001 - a corrupt file raises many kinds
+            raise AdapterError(f"{folder}: the adapter weights cannot be read: {exc}") from exc
+        raise AdapterError(f"{folder}: no adapter_model.safetensors or adapter_model.bin")
+
+    def apply(self, factors: LoraFactors) -> None:
+        """Swap to ``factors`` (``{}``: the base model), holding the engine's lock: no batch runs meanwhile."""
+        import torch
+
+        with self.lock, torch.no_grad():
+            for name in sorted(set(self.current) | set(factors)):
+                module = self.modules[name]
+                weight = module.weight
+                if name not in self.base:
+                    self.base[name] = weight.detach().clone()
+                weight.copy_(self.base[name])
+                if name in factors:
+                    a, b, scaling = factors[name]
+                    weight += (b @ a) * scaling
+                if self.packer is not None:  # the prepacked copy is of the old weight
+                    self.packer.entries.pop(id(module), None)
+            self.current = factors
 
 
 def load(
@@ -133,15 +272,8 @@ def load(
 
     limit_malloc_arenas()
     model, tokenizer, folder = load_policy(source.model_path, dtype=source.dtype)
-    if source.adapter is not None:
-        from peft import PeftModel
-
-        try:
-            model = PeftModel.from_pretrained(model, str(source.adapter)).merge_and_unload()
-        except Exception as exc:  # noqa: BLE001 - peft raises many kinds for a bad adapter
-            raise ConfigError(f"adapter {source.adapter}: cannot be loaded onto {folder}: {exc}") from exc
-        model.eval()
-    elif source.full_weights is not None:
+    model.eval()
+    if source.full_weights is not None and source.adapter is None:
         model.load_state_dict(torch.load(source.full_weights, map_location="cpu"))
     length = max_model_len or source.max_model_len
     config_len = getattr(model.config, "max_position_embeddings", None)
@@ -151,6 +283,12 @@ def load(
     if packer is not None:
         packing.install(model, packer)
     engine = Engine(model, tokenizer, max_model_len=length, max_batch=max_batch, kv_cache_mb=kv_cache_mb, packer=packer)
+    swapper = AdapterSwapper(model, engine.lock, packer)
+    if source.adapter is not None:  # merged the same way a hot swap merges, so the base stays recoverable
+        try:
+            swapper.apply(swapper.read(source.adapter)[1])
+        except AdapterError as exc:
+            raise ConfigError(f"adapter {source.adapter}: cannot be loaded onto {folder}: {exc}") from exc
     return ServedModel(
         name=source.name,
         folder=folder,
@@ -160,4 +298,5 @@ def load(
         template=ChatTemplate(tokenizer, length),
         max_model_len=length,
         adapter=source.adapter,
+        swapper=swapper,
     )

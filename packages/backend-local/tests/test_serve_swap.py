@@ -1,0 +1,340 @@
+"""Hot adapter swap on ``reinforge serve``: real uvicorn, the real SmolLM2, real clients.
+
+Two LoRA adapters are made without training (random non-zero ``lora_B``, fixed seeds); their
+greedy outputs are computed offline with peft's own ``merge_and_unload`` on a fresh base model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from test_serve import BackgroundServer
+
+KEY = "traffic-key"
+ADMIN = "admin-key"
+CHAT = [{"role": "user", "content": "Name a colour."}]
+MAX_TOKENS = 12
+
+
+def _make_adapter(model_folder: Path, out: Path, seed: int) -> None:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(str(model_folder))
+    peft_model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for n, p in peft_model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    peft_model.save_pretrained(str(out))
+
+
+def _offline_greedy(model_folder: Path, adapter: Path | None, prompt_ids: list[int]) -> list[int]:
+    """The greedy tokens of base (+ adapter merged by peft itself), on the serving engine's code path."""
+    from peft import PeftModel
+
+    from reinforge_backend_local import packing
+    from reinforge_backend_local.engine import Engine, GenRequest
+    from reinforge_backend_local.modeling import load_policy
+
+    model, tokenizer, _ = load_policy(str(model_folder))
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    model.eval()
+    packer = packing.Packer() if packing.available() else None
+    if packer is not None:
+        packing.install(model, packer)
+    engine = Engine(model, tokenizer, max_model_len=512, packer=packer)
+    request = GenRequest(prompt_ids, MAX_TOKENS, temperature=0.0, seed_key=(0, 0, 0), order_key=(0,))
+    return engine.generate([request])[0].token_ids
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory: Any, model_folder: Any) -> dict[str, Path]:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    root = tmp_path_factory.mktemp("adapters")
+    out = {"a": root / "a", "b": root / "b"}
+    _make_adapter(model_folder, out["a"], seed=1)
+    _make_adapter(model_folder, out["b"], seed=2)
+    # a checkpoint folder of a run whose adapter is B: the swap takes run and checkpoint folders too
+    ckpt = root / "run" / "checkpoints" / "step-2"
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text("{}")
+    (ckpt / "adapter").symlink_to(out["b"], target_is_directory=True)
+    out["run"] = root / "run"
+    # shape mismatch: lora_A of one layer is 100 wide where the model's q_proj takes 576
+    bad = root / "bad-shape"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text((out["a"] / "adapter_config.json").read_text())
+    state = load_file(str(out["a"] / "adapter_model.safetensors"))
+    key = next(k for k in sorted(state) if k.endswith("q_proj.lora_A.weight"))
+    state[key] = torch.zeros(state[key].shape[0], 100)
+    save_file(state, str(bad / "adapter_model.safetensors"))
+    out["bad-shape"] = bad
+    not_peft = root / "not-peft"
+    not_peft.mkdir()
+    (not_peft / "weights.txt").write_text("hello")
+    out["not-peft"] = not_peft
+    return out
+
+
+@pytest.fixture(scope="module")
+def served(model_folder: Any) -> Any:
+    from reinforge_backend_local.serve.metrics import Metrics
+    from reinforge_backend_local.serve.model import load, resolve_source
+
+    metrics = Metrics()
+    model = load(
+        resolve_source(str(model_folder)), max_batch=16, window_s=0.02, max_model_len=512, on_batch=metrics.on_batch
+    )
+    return model, metrics
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(served: Any) -> list[int]:
+    return list(served[0].template.prompt_ids(CHAT, None))
+
+
+@pytest.fixture(scope="module")
+def expected(model_folder: Any, adapters: dict[str, Path], prompt_ids: list[int], served: Any) -> dict[str, str]:
+    """Greedy completion text of the chat prompt: base, base + A, base + B (computed offline)."""
+    tok = served[0].tokenizer
+    out = {}
+    for which, adapter in (("base", None), ("a", adapters["a"]), ("b", adapters["b"])):
+        out[which] = tok.decode(_offline_greedy(model_folder, adapter, prompt_ids), skip_special_tokens=True)
+    assert len(set(out.values())) == 3, out  # the adapters do change the greedy output
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(served: Any) -> Iterator[BackgroundServer]:
+    from reinforge_backend_local.serve.app import build_app
+
+    model, metrics = served
+    with BackgroundServer(build_app(model, api_key=KEY, metrics=metrics, admin_key=ADMIN)) as s:
+        yield s
+
+
+@pytest.fixture()
+def http(server: BackgroundServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.base, headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as c:
+        yield c
+
+
+def _swap(http: httpx.Client, path: Any, key: str = ADMIN) -> httpx.Response:
+    return http.post("/admin/adapter", json={"path": path}, headers={"Authorization": f"Bearer {key}"})
+
+
+def _version(http: httpx.Client) -> int:
+    r = http.get("/v1/models")
+    assert r.status_code == 200, r.text
+    return int(r.json()["data"][0]["policy_version"])
+
+
+def _greedy(http: httpx.Client) -> tuple[str, int]:
+    """(greedy text of the chat prompt, the response's x-policy-version)."""
+    r = http.post("/v1/chat/completions", json={"messages": CHAT, "max_tokens": MAX_TOKENS, "temperature": 0})
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"], int(r.headers["x-policy-version"])
+
+
+def _gauge(http: httpx.Client) -> float:
+    text = http.get("/metrics").text
+    line = next(x for x in text.splitlines() if x.startswith("reinforge_serve_policy_version "))
+    return float(line.split()[1])
+
+
+def test_swap_to_an_adapter_and_back_to_base(http: httpx.Client, adapters: dict[str, Path], expected: Any) -> None:
+    v0 = _version(http)
+    if v0 == 0:  # the first test run on this server: it serves the base model
+        assert _greedy(http) == (expected["base"], 0)
+    r = _swap(http, str(adapters["a"]))
+    assert r.status_code == 200, r.text
+    assert r.headers["x-policy-version"] == str(v0 + 1) and r.json()["policy_version"] == v0 + 1
+    assert r.json()["adapter"] == str(adapters["a"])
+    assert _version(http) == v0 + 1 and _gauge(http) == v0 + 1
+    card = http.get("/v1/models").json()["data"][0]
+    assert card["adapter"] == str(adapters["a"])
+    assert _greedy(http) == (expected["a"], v0 + 1)  # exactly peft's merge of A on the base
+
+    # A -> B is base + B, not B merged on top of A (here through the run folder: its latest checkpoint)
+    r = _swap(http, str(adapters["run"]))
+    assert r.status_code == 200, r.text
+    assert _greedy(http) == (expected["b"], v0 + 2)
+
+    r = _swap(http, None)  # back to the base model, restored exactly
+    assert r.status_code == 200, r.text
+    assert r.json()["adapter"] is None
+    assert _greedy(http) == (expected["base"], v0 + 3)
+    assert http.get("/v1/models").json()["data"][0]["adapter"] is None
+    completion = http.post("/v1/completions", json={"prompt": "1, 2, 3,", "max_tokens": 2, "temperature": 0})
+    assert completion.status_code == 200 and completion.headers["x-policy-version"] == str(v0 + 3)
+
+
+def test_swap_during_16_streaming_requests(
+    server: BackgroundServer, served: Any, adapters: dict[str, Path], expected: Any
+) -> None:
+    import openai
+
+    async def main() -> tuple[int, list[tuple[int, str]], tuple[str, int], httpx.Response]:
+        headers = {"Authorization": f"Bearer {KEY}"}
+        async with httpx.AsyncClient(base_url=server.base, headers=headers, timeout=120) as h:
+            r = await h.post(
+                "/admin/adapter", json={"path": str(adapters["a"])}, headers={"Authorization": f"Bearer {ADMIN}"}
+            )
+            assert r.status_code == 200, r.text
+            v_a = int(r.headers["x-policy-version"])
+            client = openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0)
+            first_chunk = asyncio.Event()
+
+            async def one() -> tuple[int, str]:
+                raw = await client.chat.completions.with_raw_response.create(
+                    model=served[0].name,
+                    messages=CHAT,  # type: ignore[arg-type]
+                    max_tokens=MAX_TOKENS,
+                    temperature=0,
+                    stream=True,
+                )
+                version = int(raw.headers["x-policy-version"])
+                text = ""
+                async for chunk in raw.parse():
+                    first_chunk.set()
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        text += chunk.choices[0].delta.content
+                return version, text
+
+            tasks = [asyncio.create_task(one()) for _ in range(16)]
+            await first_chunk.wait()  # at least one stream is running: swap now
+            swap = await h.post(
+                "/admin/adapter", json={"path": str(adapters["b"])}, headers={"Authorization": f"Bearer {ADMIN}"}
+            )
+            results = await asyncio.gather(*tasks)  # none fails
+            after = await h.post(
+                "/v1/chat/completions", json={"messages": CHAT, "max_tokens": MAX_TOKENS, "temperature": 0}
+            )
+            await client.close()
+            return (
+                v_a,
+                list(results),
+                (after.json()["choices"][0]["message"]["content"], int(after.headers["x-policy-version"])),
+                swap,
+            )
+
+    v_a, results, after, swap = asyncio.run(main())
+    assert swap.status_code == 200, swap.text
+    assert swap.json()["policy_version"] == v_a + 1
+    assert len(results) == 16
+    for version, text in results:  # each response on the weights its header names
+        assert version in (v_a, v_a + 1)
+        assert text == (expected["a"] if version == v_a else expected["b"]), (version, text)
+    assert any(version == v_a for version, _ in results)  # the one that sent its first chunk, at least
+    assert after == (expected["b"], v_a + 1)
+
+
+def test_admin_key(server: BackgroundServer, http: httpx.Client, adapters: dict[str, Path], expected: Any) -> None:
+    v0, (text, _) = _version(http), _greedy(http)
+    for headers in ({}, {"Authorization": f"Bearer {KEY}"}, {"Authorization": "Bearer nope"}, {"Authorization": ADMIN}):
+        r = httpx.post(f"{server.base}/admin/adapter", json={"path": str(adapters["a"])}, headers=headers)
+        assert r.status_code == 401, r.text
+        assert "admin key" in r.json()["error"]["message"]
+    assert _version(http) == v0 and _greedy(http) == (text, v0)  # nothing loaded
+    # the admin key is not a traffic key
+    r = httpx.get(f"{server.base}/v1/models", headers={"Authorization": f"Bearer {ADMIN}"})
+    assert r.status_code == 401
+
+
+def test_bad_adapter_is_a_400_and_the_old_weights_serve(http: httpx.Client, adapters: dict[str, Path]) -> None:
+    v0, before = _version(http), _greedy(http)
+    missing = adapters["a"].parent / "does-not-exist"
+    cases = [
+        (str(missing), "no such file or folder"),
+        (str(adapters["not-peft"]), "not a PEFT adapter folder"),
+        (str(adapters["bad-shape"]), "shape mismatch"),
+    ]
+    for path, problem in cases:
+        r = _swap(http, path)
+        assert r.status_code == 400, r.text
+        message = r.json()["error"]["message"]
+        assert path in message and problem in message, message
+        assert r.json()["error"]["param"] == "path"
+        assert _version(http) == v0 and _gauge(http) == v0
+        assert _greedy(http) == before  # the old weights keep serving
+    for body in ({}, {"path": 3}):
+        r = http.post("/admin/adapter", json=body, headers={"Authorization": f"Bearer {ADMIN}"})
+        assert r.status_code == 400 and "'path'" in r.json()["error"]["message"]
+    assert _version(http) == v0
+
+
+def test_admin_endpoint_disabled_without_an_admin_key(served: Any, adapters: dict[str, Path]) -> None:
+    from reinforge_backend_local.serve.app import build_app
+
+    model, metrics = served
+    with BackgroundServer(build_app(model, api_key=KEY, metrics=metrics)) as s:
+        for key in (KEY, ADMIN):
+            r = httpx.post(
+                f"{s.base}/admin/adapter", json={"path": str(adapters["a"])}, headers={"Authorization": f"Bearer {key}"}
+            )
+            assert r.status_code == 403 and "admin endpoint disabled" in r.json()["error"]["message"]
+
+
+def test_same_key_for_traffic_and_admin_is_refused(served: Any) -> None:
+    from reinforge.errors import ConfigError
+    from reinforge_backend_local.serve.app import build_app
+
+    with pytest.raises(ConfigError, match="must differ"):
+        build_app(served[0], api_key=KEY, admin_key=KEY)
+
+
+def test_swapper_is_exact(model_folder: Any, adapters: dict[str, Path]) -> None:
+    """A then B gives bit for bit peft's merge of B alone; None gives the base weights back."""
+    import threading
+
+    import torch
+    from peft import PeftModel
+
+    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.serve.model import AdapterSwapper
+
+    model, _, _ = load_policy(str(model_folder))
+    base = {k: v.clone() for k, v in model.state_dict().items()}
+    swapper = AdapterSwapper(model, threading.Lock())
+    swapper.apply(swapper.read(adapters["a"])[1])
+    assert not torch.equal(
+        model.state_dict()["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    )
+    folder, factors = swapper.read(adapters["b"])
+    assert folder == adapters["b"]
+    swapper.apply(factors)
+    reference, _, _ = load_policy(str(model_folder))
+    reference = PeftModel.from_pretrained(reference, str(adapters["b"])).merge_and_unload()
+    want = reference.state_dict()
+    assert all(torch.equal(v, want[k]) for k, v in model.state_dict().items())
+    swapper.apply(swapper.read(None)[1])
+    assert all(torch.equal(v, base[k]) for k, v in model.state_dict().items())
+
+
+def test_admin_key_env(monkeypatch: pytest.MonkeyPatch, model_folder: Any) -> None:
+    import argparse
+
+    from reinforge.errors import ConfigError
+    from reinforge_backend_local.serve import command
+
+    parser = argparse.ArgumentParser()
+    command.arguments(parser)
+    monkeypatch.setenv("T_KEY", "same")
+    monkeypatch.setenv("A_KEY", "same")
+    args = parser.parse_args([str(model_folder), "--api-key-env", "T_KEY", "--admin-key-env", "A_KEY"])
+    with pytest.raises(ConfigError, match="must differ"):
+        command.build(args)
+    args = parser.parse_args([str(model_folder), "--admin-key-env", "UNSET_ADMIN_KEY_ENV"])
+    with pytest.raises(ConfigError, match="--admin-key-env"):
+        command.build(args)
