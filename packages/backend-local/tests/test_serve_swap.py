@@ -338,3 +338,19 @@ def test_admin_key_env(monkeypatch: pytest.MonkeyPatch, model_folder: Any) -> No
     args = parser.parse_args([str(model_folder), "--admin-key-env", "UNSET_ADMIN_KEY_ENV"])
     with pytest.raises(ConfigError, match="--admin-key-env"):
         command.build(args)
+
+
+def test_adapter_given_at_start_swaps_away_exactly(model_folder: Any, adapters: dict[str, Path]) -> None:
+    """``--adapter A`` at start merges A the swap's way: swapping to the base model gives the base back exactly."""
+    import torch
+
+    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.serve.model import load, resolve_source
+
+    served = load(resolve_source(str(model_folder), str(adapters["a"])), max_batch=2, max_model_len=512)
+    assert served.adapter == adapters["a"] and served.swapper is not None
+    base = load_policy(str(model_folder))[0].state_dict()
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(served.engine.model.state_dict()[name], base[name])
+    served.swapper.apply(served.swapper.read(None)[1])
+    assert all(torch.equal(v, base[k]) for k, v in served.engine.model.state_dict().items())
