@@ -18,8 +18,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from reinforge.errors import ConfigError
-from reinforge.plugin import Settings, at_least, finite, one_of
+from reinforge.plugin import ConfigError, Settings, at_least, finite, one_of
 
 __all__ = [
     "ALGORITHMS",

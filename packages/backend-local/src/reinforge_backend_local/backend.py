@@ -16,8 +16,7 @@ from reinforge.plugin import Backend, FieldError, Settings, at_least, finite
 from .algorithms import ALGORITHM_ALIASES, ALGORITHMS
 
 if TYPE_CHECKING:
-    from reinforge.config import ModelConfig
-    from reinforge.plugin import TuneJob
+    from reinforge.plugin import ModelConfig, TuneJob
 
 __all__ = ["LocalBackend", "LocalSettings"]
 
@@ -76,7 +75,7 @@ class LocalBackend(Backend):
         return standalone_model(model_config)
 
     def dry_run(self, job: TuneJob) -> dict[str, Any]:
-        from reinforge.config import to_dict
+        from reinforge.plugin import to_dict
 
         from .modeling import DEFAULT_MODEL
 

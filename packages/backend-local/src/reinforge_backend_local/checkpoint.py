@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
 
 
 def save(folder: Path, *, model: Any, optimizer: Any, state: dict[str, Any], peft: bool) -> Path:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reinforge.errors import ConfigError, ReinforgeError
+from reinforge.plugin import ConfigError, ReinforgeError
 
 from . import checkpoint
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from reinforge.errors import ConfigError, MissingExtraError
+from reinforge.plugin import ConfigError, MissingExtraError
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 GGUF_MODELS = {

@@ -6,7 +6,7 @@ import itertools
 from typing import Any
 
 from reinforge import ChatResponse
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
 
 from .engine import GenRequest, GenResult, MicroBatcher
 

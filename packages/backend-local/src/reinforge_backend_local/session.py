@@ -16,11 +16,15 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from reinforge import ChatResponse
-from reinforge.config import ModelConfig
-from reinforge.errors import ConfigError
-from reinforge.evaluation import accuracy_of, check_accuracy_key
-from reinforge.lifecycle import RunContext, RunStatus
-from reinforge.models import RecordingChatModel
+from reinforge.plugin import (
+    ConfigError,
+    ModelConfig,
+    RecordingChatModel,
+    RunContext,
+    RunStatus,
+    accuracy_of,
+    check_accuracy_key,
+)
 
 from . import checkpoint, packing
 from .algorithms import resolve
@@ -34,7 +38,7 @@ from .trainer import Trainer, build_samples
 from .weights import attach_lora, merged_for_decode
 
 if TYPE_CHECKING:
-    from reinforge.job import TuneJob
+    from reinforge.plugin import TuneJob
 
     from .backend import LocalSettings
 
@@ -283,7 +287,7 @@ class TrainingSession:
             _trim_metrics(run_dir / "metrics.jsonl", self.state.step)
             _say(f"resumed from {ckpt} at step {self.state.step}")
         else:
-            from reinforge.config import to_dict
+            from reinforge.plugin import to_dict
 
             (run_dir / "config.json").write_text(json.dumps(to_dict(run), indent=2, default=str))
         self.log = MetricsLog(run_dir, tensorboard=opts.tensorboard)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from reinforge.runner import BatchResult
+from reinforge.plugin import BatchResult
 
 from .algorithms import LossSettings, advantages, resolve, zero_variance
 

@@ -6,7 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
 
 
 def attach_lora(model: Any, cfg: Any) -> Any:

@@ -45,13 +45,27 @@ from .hookspecs import hookimpl, hookspec
 if TYPE_CHECKING:  # the names below load on first use: a plugin module that imports hookimpl stays cheap
     from .backend import Backend, NoSettings
     from .components import ComponentContext, ComponentPlan, build_component, plan_component
-    from .errors import ConfigError, ConfigurationError, PluginError, ReinforgeError
+    from .config import AlgorithmConfig, ComponentSpec, DatasetConfig, ModelConfig, RunConfig, to_dict
+    from .errors import (
+        ConfigError,
+        ConfigurationError,
+        MissingExtraError,
+        PluginError,
+        ReinforgeError,
+        ResolveError,
+        RewardError,
+        require,
+    )
+    from .evaluation import accuracy_of, check_accuracy_key
     from .job import TuneJob
     from .lifecycle import RunContext, RunStatus
+    from .litellm_model import LiteLLMChatModel
+    from .models import RecordingChatModel
     from .plugins import BrokenPlugin, PluginManager, collect, get_plugin_manager, plugin_distribution
     from .refs import resolve_ref
     from .registry import KINDS, Component, Kind, Registry
-    from .settings import FieldError, Settings, at_least, finite, in_range, one_of
+    from .runner import BatchResult, Runner
+    from .settings import FieldError, Settings, at_least, finite, in_range, one_of, suggest
     from .settings import load as load_settings
 
 _LAZY = {
@@ -61,10 +75,26 @@ _LAZY = {
     "ComponentPlan": ("components", "ComponentPlan"),
     "build_component": ("components", "build_component"),
     "plan_component": ("components", "plan_component"),
+    "AlgorithmConfig": ("config", "AlgorithmConfig"),
+    "ComponentSpec": ("config", "ComponentSpec"),
+    "DatasetConfig": ("config", "DatasetConfig"),
+    "ModelConfig": ("config", "ModelConfig"),
+    "RunConfig": ("config", "RunConfig"),
+    "to_dict": ("config", "to_dict"),
     "ConfigError": ("errors", "ConfigError"),
     "ConfigurationError": ("errors", "ConfigurationError"),
+    "MissingExtraError": ("errors", "MissingExtraError"),
     "PluginError": ("errors", "PluginError"),
     "ReinforgeError": ("errors", "ReinforgeError"),
+    "ResolveError": ("errors", "ResolveError"),
+    "RewardError": ("errors", "RewardError"),
+    "require": ("errors", "require"),
+    "accuracy_of": ("evaluation", "accuracy_of"),
+    "check_accuracy_key": ("evaluation", "check_accuracy_key"),
+    "LiteLLMChatModel": ("litellm_model", "LiteLLMChatModel"),
+    "RecordingChatModel": ("models", "RecordingChatModel"),
+    "BatchResult": ("runner", "BatchResult"),
+    "Runner": ("runner", "Runner"),
     "TuneJob": ("job", "TuneJob"),
     "RunContext": ("lifecycle", "RunContext"),
     "RunStatus": ("lifecycle", "RunStatus"),
@@ -84,6 +114,7 @@ _LAZY = {
     "finite": ("settings", "finite"),
     "in_range": ("settings", "in_range"),
     "one_of": ("settings", "one_of"),
+    "suggest": ("settings", "suggest"),
     "load_settings": ("settings", "load"),
 }
 
@@ -101,26 +132,40 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "KINDS",
+    "AlgorithmConfig",
     "Backend",
+    "BatchResult",
     "BrokenPlugin",
     "Component",
     "ComponentContext",
     "ComponentPlan",
+    "ComponentSpec",
     "ConfigError",
     "ConfigurationError",
+    "DatasetConfig",
     "FieldError",
     "Kind",
+    "LiteLLMChatModel",
+    "MissingExtraError",
+    "ModelConfig",
     "NoSettings",
     "PluginError",
     "PluginManager",
+    "RecordingChatModel",
     "Registry",
     "ReinforgeError",
+    "ResolveError",
+    "RewardError",
+    "RunConfig",
     "RunContext",
     "RunStatus",
+    "Runner",
     "Settings",
     "TuneJob",
+    "accuracy_of",
     "at_least",
     "build_component",
+    "check_accuracy_key",
     "collect",
     "finite",
     "get_plugin_manager",
@@ -131,5 +176,8 @@ __all__ = [
     "one_of",
     "plan_component",
     "plugin_distribution",
+    "require",
     "resolve_ref",
+    "suggest",
+    "to_dict",
 ]

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
 
 __all__ = ["VerdictCache", "cache_key"]
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from reinforge import JudgeOutput, TaskStatus
-from reinforge.errors import ConfigError, ReinforgeError
+from reinforge.plugin import ConfigError, ReinforgeError
 
 from .stats import cohen_kappa, kendall_tau, spearman
 
@@ -108,8 +108,7 @@ def resolve_judge(
 
     ``module:attr`` references import from the working directory too.
     """
-    from reinforge.config import ComponentSpec
-    from reinforge.plugin import build_component
+    from reinforge.plugin import ComponentSpec, build_component
 
     spec = ComponentSpec(ref=judge, args=dict(args or {}))
     return build_component(spec, "judge", registry, where=where, base_dir=str(Path.cwd()))

@@ -20,8 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
-from reinforge.errors import ConfigError, ReinforgeError, require
-from reinforge.litellm_model import LiteLLMChatModel
+from reinforge.plugin import ConfigError, LiteLLMChatModel, ReinforgeError, require
 
 from .cache import VerdictCache, cache_key
 from .config import JudgeConfig

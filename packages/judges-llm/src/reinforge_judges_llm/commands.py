@@ -7,7 +7,7 @@ import asyncio
 import json
 from typing import Any
 
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
 
 __all__ = ["audit_arguments", "calibrate_arguments", "run_audit", "run_calibrate"]
 

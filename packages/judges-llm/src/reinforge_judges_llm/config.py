@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from reinforge.settings import FieldError, Settings, at_least, finite, in_range, one_of
+from reinforge.plugin import FieldError, Settings, at_least, finite, in_range, one_of
 
 __all__ = [
     "DEFAULT_RUBRIC",

@@ -22,8 +22,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from reinforge import GroupRewardOutput, JudgeOutput, TaskStatus
-from reinforge.errors import ConfigError
-from reinforge.settings import load as load_settings
+from reinforge.plugin import ConfigError, load_settings
 
 from .cache import cache_key
 from .client import JudgeClient, JudgeFailed, Usage

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from reinforge import response_text
-from reinforge.errors import RewardError
-from reinforge.settings import FieldError
+from reinforge.plugin import FieldError, RewardError
 
 if TYPE_CHECKING:
     from .config import JudgeConfig

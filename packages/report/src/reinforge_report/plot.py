@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from reinforge import metric_names as mn
-from reinforge.errors import MissingExtraError
+from reinforge.plugin import MissingExtraError
 
 from .detectors import DIVERGENCE, ENTROPY, LENGTH, WARNING_TITLES, HackingWarning, Thresholds, entropy_threshold
 from .metrics import RunMetrics

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from reinforge import metric_names as mn
-from reinforge.plugin import FieldError, Settings, at_least, load_settings
-from reinforge.settings import suggest
+from reinforge.plugin import FieldError, Settings, at_least, load_settings, suggest
 
 from .detectors import HackingWarning, ThresholdError, Thresholds, detect_warnings
 from .metrics import METRICS_FILE, RunMetrics

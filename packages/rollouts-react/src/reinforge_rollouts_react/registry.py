@@ -23,8 +23,17 @@ from typing import Any
 
 import pluggy
 
-from reinforge.errors import ConfigError, ResolveError
-from reinforge.plugin import FieldError, Kind, PluginError, Registry, collect, get_plugin_manager, resolve_ref
+from reinforge.plugin import (
+    ConfigError,
+    FieldError,
+    Kind,
+    PluginError,
+    Registry,
+    ResolveError,
+    collect,
+    get_plugin_manager,
+    resolve_ref,
+)
 
 from .tools import Tool, tool
 

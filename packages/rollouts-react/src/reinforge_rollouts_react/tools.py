@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from reinforge.errors import ReinforgeError
+from reinforge.plugin import ReinforgeError
 
 from .docstrings import parse_docstring
 

@@ -29,8 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from reinforge import ChatModel, WorkflowOutput
-from reinforge.errors import ConfigError
-from reinforge.plugin import ComponentContext, load_settings
+from reinforge.plugin import ComponentContext, ConfigError, load_settings
 
 from .agent import ReActAgent
 from .prompts import DEFAULT_SYS_PROMPT

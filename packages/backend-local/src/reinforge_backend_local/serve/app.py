@@ -25,7 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
 
 from ..engine import GenRequest, GenResult
 from ..policy import sampling_request

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import os
 
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
 
 from .protocol import ApiError
 

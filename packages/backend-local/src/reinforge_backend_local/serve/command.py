@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
 
 
 def arguments(parser: argparse.ArgumentParser) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
 
 from .. import checkpoint, packing
 from ..engine import Engine, GenRequest, GenResult, MicroBatcher
