@@ -18,3 +18,16 @@ def model_folder():
     from reinforge_backend_local.modeling import resolve_model_path
 
     return resolve_model_path(None)
+
+
+@pytest.fixture(scope="module")
+def served(model_folder):
+    """A served base model and its metrics, for the serve tests (one per test module: swaps change its weights)."""
+    from reinforge_backend_local.serve.metrics import Metrics
+    from reinforge_backend_local.serve.model import load, resolve_source
+
+    metrics = Metrics()
+    model = load(
+        resolve_source(str(model_folder)), max_batch=16, window_s=0.02, max_model_len=512, on_batch=metrics.on_batch
+    )
+    return model, metrics

@@ -88,18 +88,6 @@ def adapters(tmp_path_factory: Any, model_folder: Any) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def served(model_folder: Any) -> Any:
-    from reinforge_backend_local.serve.metrics import Metrics
-    from reinforge_backend_local.serve.model import load, resolve_source
-
-    metrics = Metrics()
-    model = load(
-        resolve_source(str(model_folder)), max_batch=16, window_s=0.02, max_model_len=512, on_batch=metrics.on_batch
-    )
-    return model, metrics
-
-
-@pytest.fixture(scope="module")
 def prompt_ids(served: Any) -> list[int]:
     return list(served[0].template.prompt_ids(CHAT, None))
 

@@ -130,14 +130,20 @@ class _Lazy:
         return self._registry
 
 
+def _split_entry(spec: Mapping[str, Any], key: str) -> tuple[Any, dict[str, Any]]:
+    """``{name: <tool>, timeout: ..., description: ...}`` as (the tool reference, the overrides)."""
+    options = dict(spec)
+    ref = options.pop("name", None) or options.pop("ref", None)
+    unknown = sorted(set(options) - set(_OVERRIDES))
+    if ref is None or unknown:
+        detail = f"unknown key(s) {unknown}" if unknown else "missing 'name'"
+        raise FieldError(key, f"{detail}; a tool entry is {{name: <tool>, timeout: <seconds>, description: ...}}")
+    return ref, options
+
+
 def _one(spec: Any, key: str, registry: _Lazy, base_dir: str | None) -> Tool:
     if isinstance(spec, Mapping):
-        options = dict(spec)
-        ref = options.pop("name", None) or options.pop("ref", None)
-        unknown = sorted(set(options) - set(_OVERRIDES))
-        if ref is None or unknown:
-            detail = f"unknown key(s) {unknown}" if unknown else "missing 'name'"
-            raise FieldError(key, f"{detail}; a tool entry is {{name: <tool>, timeout: <seconds>, description: ...}}")
+        ref, options = _split_entry(spec, key)
         base = _one(ref, key, registry, base_dir)
         try:
             return base.replace(**options)
@@ -164,16 +170,7 @@ def check_tool_entries(specs: Iterable[Any], *, key: str = "tools") -> None:
     seen: dict[str, int] = {}
     for i, spec in enumerate(specs):
         entry = f"{key}[{i}]"
-        name = spec
-        if isinstance(spec, Mapping):
-            options = dict(spec)
-            name = options.pop("name", None) or options.pop("ref", None)
-            unknown = sorted(set(options) - set(_OVERRIDES))
-            if name is None or unknown:
-                detail = f"unknown key(s) {unknown}" if unknown else "missing 'name'"
-                raise FieldError(
-                    entry, f"{detail}; a tool entry is {{name: <tool>, timeout: <seconds>, description: ...}}"
-                )
+        name = _split_entry(spec, entry)[0] if isinstance(spec, Mapping) else spec
         if isinstance(name, str):
             if not name.strip():
                 raise FieldError(entry, "a tool name must not be empty")

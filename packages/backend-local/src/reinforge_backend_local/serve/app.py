@@ -222,9 +222,7 @@ class Service:
             headers["x-reinforge-tools"] = "rendered" if rendered else "ignored-by-chat-template"
         if req.stream:
             return self._stream(self._chat_chunks(req, job, pending, rid, name, start), headers)
-        results = await pending
-        self.metrics.ttft.observe(time.perf_counter() - start)
-        self.metrics.latency.observe(time.perf_counter() - start)
+        results = await self._finished(pending, start)
         choices = []
         for i, res in enumerate(results):
             choice: dict[str, Any] = {
@@ -245,6 +243,14 @@ class Service:
         if req.return_token_ids:
             extra["prompt_token_ids"] = prompt_ids
         return JSONResponse(protocol.envelope("chat.completion", rid, name, choices, **extra), headers=headers)
+
+    async def _finished(self, pending: Awaitable[list[GenResult]], start: float) -> list[GenResult]:
+        """The results of a non-streamed request; its first token reaches the client with the last."""
+        results = await pending
+        elapsed = time.perf_counter() - start
+        self.metrics.ttft.observe(elapsed)
+        self.metrics.latency.observe(elapsed)
+        return results
 
     async def _chat_chunks(
         self,
@@ -301,9 +307,7 @@ class Service:
         headers = {VERSION_HEADER: str(version)}
         if req.stream:
             return self._stream(self._completion_chunks(req, job, pending, rid, name, start), headers)
-        results = await pending
-        self.metrics.ttft.observe(time.perf_counter() - start)
-        self.metrics.latency.observe(time.perf_counter() - start)
+        results = await self._finished(pending, start)
         choices = []
         for i, res in enumerate(results):
             choice: dict[str, Any] = {
