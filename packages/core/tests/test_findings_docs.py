@@ -159,8 +159,9 @@ def test_changelog_has_the_0_3_entry() -> None:
     from reinforge.__about__ import __version__
 
     assert __version__.startswith("0.3.")
-    entry = CHANGELOG.split("\n## ")[1]
-    assert entry.startswith("0.3.0")
+    entries = CHANGELOG.split("\n## ")[1:]
+    assert entries[0].startswith(__version__), "the newest CHANGELOG entry is the current version"
+    entry = next(e for e in entries if e.startswith("0.3.0"))
     for word in (
         "reinforge.plugin",
         "reinforge.settings",
