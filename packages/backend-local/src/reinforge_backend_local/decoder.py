@@ -101,20 +101,48 @@ class _Layer:
 
 
 class KVCache:
-    """Keys and values for ``rows`` sequences and ``slots`` positions: one tensor each, all layers."""
+    """Keys and values for ``rows`` sequences and ``slots`` positions: one tensor each, all layers.
 
-    def __init__(self, layers: int, rows: int, kv_heads: int, slots: int, head_dim: int, dtype: torch.dtype) -> None:
-        shape = (layers, rows, kv_heads, slots, head_dim)
-        self.k = torch.empty(shape, dtype=dtype)
-        self.v = torch.empty(shape, dtype=dtype)
+    The tensors may be allocated for more rows than are live (``k``/``v`` are views of the
+    first ``rows``), so a request joining a running batch is written in place.
+    """
+
+    def __init__(
+        self,
+        layers: int,
+        rows: int,
+        kv_heads: int,
+        slots: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+        row_capacity: int | None = None,
+    ) -> None:
+        shape = (layers, max(rows, row_capacity or 0), kv_heads, slots, head_dim)
+        self.store_k = torch.empty(shape, dtype=dtype, device=device)
+        self.store_v = torch.empty(shape, dtype=dtype, device=device)
+        self.rows = rows
+        self.k, self.v = self.store_k[:, :rows], self.store_v[:, :rows]
+
+    @property
+    def row_capacity(self) -> int:
+        return self.store_k.shape[1]
+
+    @property
+    def slots(self) -> int:
+        return self.store_k.shape[3]
+
+    def set_rows(self, rows: int) -> None:
+        self.rows = rows
+        self.k, self.v = self.store_k[:, :rows], self.store_v[:, :rows]
 
     def keep(self, rows: list[int], used: int) -> None:
         """Keep ``rows`` (ascending), in place: each moves down over a dropped one; only ``used`` slots are copied."""
         for j, r in enumerate(rows):
             if r != j:
-                self.k[:, j, :, :used] = self.k[:, r, :, :used]
-                self.v[:, j, :, :used] = self.v[:, r, :, :used]
-        self.k, self.v = self.k[:, : len(rows)], self.v[:, : len(rows)]
+                self.store_k[:, j, :, :used] = self.store_k[:, r, :, :used]
+                self.store_v[:, j, :, :used] = self.store_v[:, r, :, :used]
+        self.set_rows(len(rows))
 
 
 class LlamaDecoder:
@@ -174,10 +202,20 @@ class DecodeSession:
         self.norm = norm
         self.head = head
         self.dtype = embed.dtype
+        self.device = embed.device
         self.cache: KVCache | None = None
         self.mask: torch.Tensor | None = None  # (rows, slots) additive: 0 visible, -inf not
         self.pos: torch.Tensor | None = None  # next position per row
+        self.start: torch.Tensor | None = None  # first slot of each row's sequence (rows that joined later start later)
         self.slot = 0  # next slot to write (the same for every row)
+
+    def fresh(self) -> DecodeSession:
+        """An empty session on the same weight snapshot: it prefills requests that then :meth:`join` this one."""
+        return DecodeSession(self.dec, self.layers, self.embed, self.norm, self.head)
+
+    @property
+    def rows(self) -> int:
+        return 0 if self.cache is None else self.cache.rows
 
     # -- the model --------------------------------------------------------------------------
 
@@ -223,13 +261,16 @@ class DecodeSession:
 
     # -- a batch ----------------------------------------------------------------------------
 
-    def prefill(self, prompts: list[list[int]], row_src: list[int], capacity: int) -> torch.Tensor:
+    def prefill(
+        self, prompts: list[list[int]], row_src: list[int], capacity: int, *, row_capacity: int | None = None
+    ) -> torch.Tensor:
         """Prefill the distinct ``prompts``; row ``r`` continues prompt ``row_src[r]``.
 
-        ``capacity`` is the number of new tokens the cache must hold. Returns
-        the next-token logits of every row.
+        ``capacity`` is the number of new tokens the cache must hold (``row_capacity``: the
+        rows it is allocated for, so later joins fit in place). Returns the next-token logits
+        of every row.
         """
-        dec = self.dec
+        dec, dev = self.dec, self.device
         u = len(prompts)
         shortest = min(map(len, prompts))
         shared = len(os.path.commonprefix(prompts)) if u > 1 else len(prompts[0]) - 1
@@ -242,12 +283,12 @@ class DecodeSession:
         n = len(row_src)
         identity = row_src == list(range(u))
         slots = pre + capacity
-        cache = KVCache(dec.layers, n, dec.kv_heads, slots, dec.head_dim, self.dtype)
-        ucache = cache if identity else KVCache(dec.layers, u, dec.kv_heads, pre, dec.head_dim, self.dtype)
+        cache = KVCache(dec.layers, n, dec.kv_heads, slots, dec.head_dim, self.dtype, dev, row_capacity)
+        ucache = cache if identity else KVCache(dec.layers, u, dec.kv_heads, pre, dec.head_dim, self.dtype, dev)
         if shared:
-            one = KVCache(dec.layers, 1, dec.kv_heads, shared, dec.head_dim, self.dtype)
-            ids = torch.tensor([prompts[0][:shared]])
-            self._forward(ids, torch.arange(shared).unsqueeze(0), one, 0, None)
+            one = KVCache(dec.layers, 1, dec.kv_heads, shared, dec.head_dim, self.dtype, dev)
+            ids = torch.tensor([prompts[0][:shared]], device=dev)
+            self._forward(ids, torch.arange(shared, device=dev).unsqueeze(0), one, 0, None)
             ucache.k[:, :, :, :shared] = one.k
             ucache.v[:, :, :, :shared] = one.v
             del one
@@ -259,38 +300,106 @@ class DecodeSession:
             ids[j, width - len(s) :] = torch.tensor(s)
             valid[j, width - len(s) :] = True
             pos[j, width - len(s) :] = torch.arange(shared, shared + len(s))
-        causal = torch.ones((width, width), dtype=torch.bool).tril_()
-        see = (causal.unsqueeze(0) & valid.unsqueeze(1)) | torch.eye(width, dtype=torch.bool).unsqueeze(0)
-        see = torch.cat([torch.ones((u, width, shared), dtype=torch.bool), see], dim=2)
-        add = torch.zeros(see.shape, dtype=self.dtype).masked_fill_(~see, float("-inf")).unsqueeze(1)
+        ids, valid, pos = ids.to(dev), valid.to(dev), pos.to(dev)
+        causal = torch.ones((width, width), dtype=torch.bool, device=dev).tril_()
+        see = (causal.unsqueeze(0) & valid.unsqueeze(1)) | torch.eye(width, dtype=torch.bool, device=dev).unsqueeze(0)
+        see = torch.cat([torch.ones((u, width, shared), dtype=torch.bool, device=dev), see], dim=2)
+        add = torch.zeros(see.shape, dtype=self.dtype, device=dev).masked_fill_(~see, float("-inf")).unsqueeze(1)
         h = self._forward(ids, pos, ucache, shared, add if (shared or not bool(valid.all())) else None)
         logits = self._logits(h)
-        src = torch.tensor(row_src)
+        src = torch.tensor(row_src, device=dev)
         if not identity:
             cache.k[:, :, :, :pre] = ucache.k.index_select(1, src)
             cache.v[:, :, :, :pre] = ucache.v.index_select(1, src)
             logits = logits.index_select(0, src)
             valid = valid.index_select(0, src)
         del ucache
-        mask = torch.zeros((n, slots), dtype=self.dtype)
+        mask = torch.zeros((n, slots), dtype=self.dtype, device=dev)
         mask[:, shared:pre].masked_fill_(~valid, float("-inf"))
         self.cache, self.mask, self.slot = cache, mask, pre
-        self.pos = torch.tensor([len(prompts[s]) for s in row_src])
+        self.pos = torch.tensor([len(prompts[s]) for s in row_src], device=dev)
+        self.start = torch.zeros(n, dtype=torch.long, device=dev)
         return logits
+
+    # -- continuous batching -------------------------------------------------------------------
+
+    def join(self, other: DecodeSession, capacity: int, row_capacity: int) -> None:
+        """Append the rows ``other`` prefilled (see :meth:`fresh`) to this running batch.
+
+        Afterwards every row can take ``capacity`` more tokens. The new rows' prompts end at
+        the current slot, so the next :meth:`step` feeds every row together. When the new rows
+        fit the allocation they are written in place; otherwise the batch is laid out anew
+        (:meth:`compact`).
+        """
+        assert self.cache is not None and self.mask is not None and self.pos is not None and self.start is not None
+        assert other.cache is not None and other.mask is not None and other.pos is not None and other.start is not None
+        assert not bool(other.start.any()), "only a freshly prefilled session joins"
+        pre, slot = other.slot, self.slot
+        old, new = self.cache.rows, other.cache.rows
+        if pre <= slot and slot + capacity <= self.cache.slots and old + new <= self.cache.row_capacity:
+            off = slot - pre
+            self.cache.set_rows(old + new)
+            self.cache.k[:, old:, :, off:slot] = other.cache.k[:, :, :, :pre]
+            self.cache.v[:, old:, :, off:slot] = other.cache.v[:, :, :, :pre]
+            mask = torch.zeros((new, self.mask.shape[1]), dtype=self.dtype, device=self.device)
+            mask[:, :off] = float("-inf")
+            mask[:, off:slot] = other.mask[:, :pre]
+            self.mask = torch.cat([self.mask, mask])
+            self.pos = torch.cat([self.pos, other.pos])
+            self.start = torch.cat([self.start, other.start + off])
+            return
+        self._relayout([self, other], capacity, row_capacity)
+
+    def compact(self, capacity: int, row_capacity: int) -> None:
+        """Lay the batch out anew so every row can take ``capacity`` more tokens: rows right-aligned, no dead slots."""
+        self._relayout([self], capacity, row_capacity)
+
+    def fits(self, capacity: int) -> bool:
+        """Whether every row can take ``capacity`` more tokens without a new layout."""
+        return self.cache is not None and self.slot + capacity <= self.cache.slots
+
+    def _relayout(self, parts: list[DecodeSession], capacity: int, row_capacity: int) -> None:
+        """Copy the rows of ``parts`` into one new cache, each row's sequence ending at the same slot."""
+        dec = self.dec
+        spans: list[tuple[DecodeSession, int, int]] = []  # (part, row, first slot)
+        for part in parts:
+            assert part.start is not None
+            spans += [(part, j, first) for j, first in enumerate(part.start.tolist())]
+        end = max(part.slot - first for part, _, first in spans)  # the longest sequence
+        headroom = max(64, (end + capacity) // 2)  # so joins do not lay the batch out every step
+        rows = len(spans)
+        cap = min(max(row_capacity, rows), -(-rows // 8) * 8)
+        cache = KVCache(
+            dec.layers, rows, dec.kv_heads, end + capacity + headroom, dec.head_dim, self.dtype, self.device, cap
+        )
+        mask = torch.zeros((rows, cache.slots), dtype=self.dtype, device=self.device)
+        for r, (part, j, first) in enumerate(spans):
+            assert part.cache is not None and part.mask is not None
+            dst = end - (part.slot - first)
+            cache.k[:, r, :, dst:end] = part.cache.k[:, j, :, first : part.slot]
+            cache.v[:, r, :, dst:end] = part.cache.v[:, j, :, first : part.slot]
+            mask[r, :dst] = float("-inf")
+            mask[r, dst:end] = part.mask[j, first : part.slot]
+        lengths = torch.tensor([part.slot - first for part, _, first in spans], device=self.device)
+        self.pos = torch.cat([p.pos for p in parts if p.pos is not None])
+        self.cache, self.mask, self.slot, self.start = cache, mask, end, end - lengths
 
     def keep(self, rows: list[int]) -> None:
         """Drop every row not in ``rows`` (indices into the current rows)."""
         assert self.cache is not None and self.mask is not None and self.pos is not None
-        index = torch.tensor(rows)
+        index = torch.tensor(rows, device=self.device)
         self.cache.keep(rows, self.slot)
         self.mask = self.mask.index_select(0, index)
         self.pos = self.pos.index_select(0, index)
+        if self.start is not None:
+            self.start = self.start.index_select(0, index)
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
         """Feed one token per row; the next-token logits."""
         assert self.cache is not None and self.mask is not None and self.pos is not None
         rows = tokens.shape[0]
         slot = self.slot
+        assert slot < self.cache.slots, "the KV cache is full: compact() before stepping"
         mask = self.mask[:, None, None, : slot + 1]
         h = self._forward(tokens.view(rows, 1), self.pos.view(rows, 1), self.cache, slot, mask)
         self.slot += 1

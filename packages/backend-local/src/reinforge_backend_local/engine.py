@@ -34,6 +34,7 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     seed_key: tuple = ()
     order_key: tuple = ()
+    top_logprobs: int = 0  # alternatives to report per token (the server's ``top_logprobs``)
 
 
 @dataclass
@@ -42,6 +43,7 @@ class GenResult:
     logprobs: list[float]
     finish_reason: str  # "stop" | "length"
     text: str
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: (id, logprob) of the likeliest
 
 
 @dataclass

@@ -45,3 +45,10 @@ def sample(
     if bool(greedy.any()):
         tokens = torch.where(greedy, logits.argmax(-1), tokens)
     return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+def top_logprobs(logits: torch.Tensor, temperature: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` most likely tokens per row and their logprobs, under the same distribution as :func:`sample`'s."""
+    temp = torch.where(temperature <= 0, torch.ones_like(temperature), temperature).unsqueeze(1)
+    values, ids = torch.log_softmax(logits.float() / temp, dim=-1).topk(k, dim=-1)
+    return values, ids

@@ -1,0 +1,207 @@
+"""Continuous batching on the real SmolLM2-135M: rows that join a running batch decode exactly as alone."""
+
+import asyncio
+
+import pytest
+import torch
+
+from reinforge_backend_local.decoder import LlamaDecoder
+from reinforge_backend_local.engine import Engine, GenRequest
+from reinforge_backend_local.modeling import load_policy
+from reinforge_backend_local.policy import ChatTemplate
+from reinforge_backend_local.scheduler import Scheduler
+
+SYSTEM = "You are a careful calculator. Reply with just the number."
+ATOL = 2e-3  # logits are O(10); float32 kernels round differently for different batch shapes
+
+
+@pytest.fixture(scope="module")
+def policy(model_folder):
+    model, tokenizer, _ = load_policy(str(model_folder))
+    return model.eval(), tokenizer
+
+
+def _prompt(tokenizer, question, system=SYSTEM):
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    return ChatTemplate(tokenizer, 512).prompt_ids(messages)
+
+
+def _alone(model, prompt, feed):
+    """Each next-token logits of ``prompt`` decoded alone, teacher-forced with ``feed``."""
+    session = LlamaDecoder(model).session()
+    out = [session.prefill([prompt], [0], len(feed) + 1)[0]]
+    for t in feed:
+        out.append(session.step(torch.tensor([t]))[0])
+    return out
+
+
+def test_rows_joining_mid_decode_match_each_row_decoded_alone(policy):
+    """A joins, B joins after 3 steps (in place), C with a longer prompt than the slot (a new layout), A leaves."""
+    model, tok = policy
+    a = _prompt(tok, "What is 2 + 3?")
+    b = _prompt(tok, "What is 41 + 17?")
+    c = _prompt(tok, "Please add these two numbers for me and explain: 1234 + 5678?", system="Be brief. " * 12)
+    feeds = {name: [1000 + 53 * i + 7 * k for k in range(10)] for i, name in enumerate("abc")}
+    with torch.inference_mode():
+        ref = {"a": _alone(model, a, feeds["a"]), "b": _alone(model, b, feeds["b"]), "c": _alone(model, c, feeds["c"])}
+        session = LlamaDecoder(model).session()
+        got = {"a": [session.prefill([a], [0], 16, row_capacity=4)[0]]}
+        order, done = ["a"], {"a": 0}
+
+        def step() -> None:
+            feed = torch.tensor([feeds[n][done[n]] for n in order])
+            for n in order:
+                done[n] += 1
+            for n, row in zip(order, session.step(feed)):
+                got[n].append(row)
+
+        for _ in range(3):
+            step()
+        cache = session.cache
+        part = session.fresh()
+        got["b"] = [part.prefill([b], [0], 0)[0]]
+        session.join(part, 6, 8)
+        assert session.cache is cache  # fits: written in place
+        order.append("b")
+        done["b"] = 0
+        step()
+        assert len(c) > session.slot  # its prompt is longer than the batch so far: a new layout
+        part = session.fresh()
+        got["c"] = [part.prefill([c], [0], 0)[0]]
+        session.join(part, 6, 8)
+        assert session.cache is not cache
+        order.append("c")
+        done["c"] = 0
+        step()
+        step()
+        session.keep([1, 2])  # A finishes
+        order.remove("a")
+        session.compact(4, 8)  # and the batch is laid out again, right-aligned
+        step()
+        step()
+    for name in "abc":
+        for k, row in enumerate(got[name]):
+            torch.testing.assert_close(row, ref[name][k], atol=ATOL, rtol=0, msg=f"row {name}, token {k}")
+
+
+def _request(prompt, max_tokens=12, **kw):
+    return GenRequest(prompt_ids=prompt, max_tokens=max_tokens, temperature=kw.pop("temperature", 0.0), **kw)
+
+
+@pytest.fixture(scope="module")
+def engine(policy):
+    model, tok = policy
+    return Engine(model, tok, max_model_len=512, max_batch=8)
+
+
+def test_a_request_arriving_mid_decode_joins_the_running_batch(engine, policy):
+    _, tok = policy
+    first, second = _prompt(tok, "Count from one to twenty in words."), _prompt(tok, "What is 12 + 30?")
+    scheduler = Scheduler(engine, max_batch=8)
+    steps_at_join = []
+
+    async def main():
+        s1 = scheduler.submit(_request(first, max_tokens=24))
+        seen = 0
+        async for _ in s1.events():
+            seen += 1
+            if seen == 3:  # the first request is decoding: send the second now
+                steps_at_join.append(scheduler.stats.steps)
+                s2 = scheduler.submit(_request(second, max_tokens=8))
+        return s1.result, await s2.finished()
+
+    try:
+        one, two = asyncio.run(main())
+    finally:
+        scheduler.close()
+    assert scheduler.stats.joined == 1 and scheduler.stats.admitted == 2
+    assert scheduler.stats.max_rows == 2
+    alone = engine.generate([_request(first, max_tokens=24), _request(second, max_tokens=8)])
+    assert one.token_ids == alone[0].token_ids and one.text == alone[0].text
+    assert two.token_ids == alone[1].token_ids
+    assert two.finish_reason == alone[1].finish_reason
+    assert 1 <= len(two.token_ids) <= 8
+
+
+def test_per_request_limits_stop_strings_top_logprobs_and_length(engine, policy):
+    _, tok = policy
+    prompt = _prompt(tok, "List the numbers 1, 2, 3, 4, 5, 6.", system=None)
+    scheduler = Scheduler(engine, max_batch=8)
+
+    async def main():
+        streams = [
+            scheduler.submit(_request(prompt, max_tokens=3)),
+            scheduler.submit(_request(prompt, max_tokens=20, top_logprobs=3)),
+            scheduler.submit(_request(prompt, max_tokens=30, stop=["3"])),
+        ]
+        return [await s.finished() for s in streams]
+
+    try:
+        short, tops, stopped = asyncio.run(main())
+    finally:
+        scheduler.close()
+    assert short.finish_reason == "length" and len(short.token_ids) == 3
+    assert tops.top_logprobs is not None and len(tops.top_logprobs) == len(tops.token_ids)
+    for t, lp, alternatives in zip(tops.token_ids, tops.logprobs, tops.top_logprobs):
+        assert len(alternatives) == 3
+        assert alternatives[0][0] == t  # greedy: the sampled token is the likeliest
+        assert alternatives[0][1] == pytest.approx(lp, abs=1e-5)
+        assert [v for _, v in alternatives] == sorted((v for _, v in alternatives), reverse=True)
+    assert stopped.finish_reason == "stop" and "3" not in stopped.text
+    assert "3" in tok.decode(stopped.token_ids)
+
+
+def test_max_batch_holds_the_rest_back_and_every_request_completes(engine, policy):
+    _, tok = policy
+    prompts = [_prompt(tok, f"What is {n} + {n}?") for n in range(5)]
+    scheduler = Scheduler(engine, max_batch=2)
+
+    async def main():
+        return await asyncio.gather(*(scheduler.generate(_request(p, max_tokens=6)) for p in prompts))
+
+    try:
+        results = asyncio.run(main())
+    finally:
+        scheduler.close()
+    assert scheduler.stats.max_rows == 2 and scheduler.stats.admitted == 5
+    assert all(1 <= len(r.token_ids) <= 6 for r in results)
+
+
+def test_a_cancelled_request_leaves_the_batch_and_a_failure_reaches_every_waiter(engine, policy, monkeypatch):
+    _, tok = policy
+    prompt = _prompt(tok, "Tell me a long story about a dragon.")
+    scheduler = Scheduler(engine, max_batch=8)
+
+    async def cancel_one():
+        keep, leave = (
+            scheduler.submit(_request(prompt, max_tokens=16)),
+            scheduler.submit(_request(prompt, max_tokens=16)),
+        )
+        async for _ in leave.events():
+            leave.cancel()
+            break
+        return await keep.finished()
+
+    try:
+        kept = asyncio.run(cancel_one())
+        assert len(kept.token_ids) >= 1 and scheduler.stats.cancelled == 1
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("kernel exploded")
+
+        async def fail_then_serve():
+            with monkeypatch.context() as m:
+                m.setattr(type(engine.decoder.session()), "step", broken)
+                streams = [scheduler.submit(_request(prompt, max_tokens=8)) for _ in range(2)]
+                errors = []
+                for s in streams:
+                    with pytest.raises(RuntimeError, match="kernel exploded"):
+                        await s.finished()
+                    errors.append(True)
+            return errors, await scheduler.generate(_request(prompt, max_tokens=4))
+
+        errors, after = asyncio.run(fail_then_serve())
+    finally:
+        scheduler.close()
+    assert errors == [True, True]
+    assert len(after.token_ids) >= 1  # the loop survived the failure
