@@ -167,6 +167,7 @@ def test_bad_requests_are_openai_errors_and_the_endpoint_keeps_answering(policy)
             "unknown field": json.dumps({"messages": QUESTION, "temprature": 0.5}).encode(),
             "temperature": json.dumps({"messages": QUESTION, "temperature": 5}).encode(),
             "n": json.dumps({"messages": QUESTION, "n": 2}).encode(),
+            "top_logprobs": json.dumps({"messages": QUESTION, "logprobs": True, "top_logprobs": 2}).encode(),
             "too long": json.dumps({"messages": [{"role": "user", "content": "hello " * 9000}]}).encode(),
         }
         async with httpx.AsyncClient(timeout=120) as http:
@@ -180,7 +181,17 @@ def test_bad_requests_are_openai_errors_and_the_endpoint_keeps_answering(policy)
         return WorkflowOutput(response=seen["good"][1]["choices"][0]["message"]["content"])
 
     t = one_rollout(policy, workflow)
-    for name in ("malformed", "not an object", "no messages", "unknown field", "temperature", "n", "too long"):
+    names = (
+        "malformed",
+        "not an object",
+        "no messages",
+        "unknown field",
+        "temperature",
+        "n",
+        "top_logprobs",
+        "too long",
+    )
+    for name in names:
         status, body = seen[name]
         assert status == 400, (name, body)
         assert body["error"]["type"] == "invalid_request_error" and body["error"]["message"], name

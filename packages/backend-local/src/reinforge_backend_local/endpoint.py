@@ -285,6 +285,12 @@ class PolicyEndpoint:
                 param="n",
                 code="unsupported_parameter",
             )
+        if getattr(req, "top_logprobs", 0):  # newer protocol parses it; the training engine has no alternatives
+            raise ApiError(
+                "top_logprobs > 0 is not supported here: training records only the sampled token's logprob",
+                param="top_logprobs",
+                code="unsupported_parameter",
+            )
         # ``model`` is not checked: agents are configured with any name for the policy they train.
         gen = await _on_batcher_loop(model.batcher, self._generate(key, model, trajectory, req, start))
         rid = protocol.new_id("chatcmpl")
