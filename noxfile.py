@@ -243,7 +243,11 @@ def tests(session: nox.Session, package: str) -> None:
 
 # -- agentscope --------------------------------------------------------------------------------------------------
 
-AGENTSCOPE_TESTS = ("core/tests/test_agentscope_model.py", "backend-local/tests/test_agentscope_tutorial.py")
+AGENTSCOPE_TESTS = (
+    "core/tests/test_agentscope_model.py",
+    "backend-local/tests/test_agentscope_tutorial.py",
+    "backend-local/tests/test_serve_agentscope.py",
+)
 
 
 @nox.session(python=TORCH_PYTHON, venv_backend=BACKEND, default=False)
