@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from reinforge.plugin import Backend, FieldError, Settings, at_least, finite
 
 from .algorithms import ALGORITHM_ALIASES, ALGORITHMS
+from .modeling import device_problem
 
 if TYPE_CHECKING:
     from reinforge.plugin import ModelConfig, TuneJob
@@ -39,6 +40,7 @@ class LocalSettings(Settings):
     progress: bool = True
     report: bool = True  # the end-of-run report (reinforge-report), through summary["write_report"]
     max_minutes: float | None = None  # stop training after this much wall time (then evaluate and save)
+    device: str = "auto"  # auto (the first GPU when CUDA is available, else the CPU), cpu, cuda or cuda:N
 
     def check(self) -> None:
         if not self.output_dir:
@@ -53,6 +55,9 @@ class LocalSettings(Settings):
         at_least("threads", self.threads, 1)
         at_least("max_minutes", self.max_minutes, 0.0, strict=True)
         finite("max_minutes", self.max_minutes)
+        problem = device_problem(self.device)  # a GPU asked for but absent fails here, before any model loads
+        if problem is not None:
+            raise FieldError("device", problem)
 
 
 class LocalBackend(Backend):
@@ -86,4 +91,5 @@ class LocalBackend(Backend):
             "model": run.model.model_path if run.model and run.model.model_path else DEFAULT_MODEL,
             "algorithm_config": to_dict(run.algorithm),
             "output_dir": opts.output_dir,
+            "device": opts.device,
         }

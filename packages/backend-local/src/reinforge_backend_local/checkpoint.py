@@ -13,17 +13,35 @@ import torch
 from reinforge.plugin import ConfigError
 
 
+def _to_cpu(value: Any) -> Any:
+    """``value`` with every tensor in it on the CPU: a GPU run's checkpoint loads anywhere."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
+
+
 def save(folder: Path, *, model: Any, optimizer: Any, state: dict[str, Any], peft: bool) -> Path:
-    """Write a checkpoint aside, then move it into place, so a crash never leaves half of one."""
+    """Write a checkpoint aside, then move it into place, so a crash never leaves half of one.
+
+    Tensors are saved as CPU tensors (the adapter's safetensors are CPU already);
+    loading moves the optimizer state back to each parameter's device.
+    """
     tmp = folder.with_name(folder.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     if peft:
         model.save_pretrained(str(tmp / "adapter"))
     else:
-        torch.save(model.state_dict(), tmp / "model.pt")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save({"torch": torch.get_rng_state(), "python": random.getstate()}, tmp / "rng.pt")
+        torch.save(_to_cpu(model.state_dict()), tmp / "model.pt")
+    torch.save(_to_cpu(optimizer.state_dict()), tmp / "optimizer.pt")
+    rng: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        rng["cuda"] = torch.cuda.get_rng_state_all()  # LoRA dropout on a GPU draws from these
+    torch.save(rng, tmp / "rng.pt")
     (tmp / "state.json").write_text(json.dumps(state, indent=2))
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
@@ -50,4 +68,6 @@ def load(folder: Path, *, model: Any, optimizer: Any, peft: bool) -> dict[str, A
     rng = torch.load(folder / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(rng["cuda"])
     return json.loads((folder / "state.json").read_text())

@@ -83,19 +83,79 @@ def resolve_model_path(model_path: str | None) -> Path:
     )
 
 
-def load_policy(model_path: str | None, *, dtype: str = "float32") -> tuple[Any, Any, Path]:
-    """(model, tokenizer, folder), the model in eval mode on CPU (or the first GPU when there is one)."""
+DEVICES = ("auto", "cpu", "cuda", "cuda:N")  # what ``backend_args.device`` may name
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+def device_problem(device: str) -> str | None:
+    """Why ``device`` cannot be used here, or ``None``; imports torch only for a CUDA device.
+
+    Run by the settings checker, so a run file asking for a GPU that is not there
+    fails before any model loads, not after minutes of conversion and loading.
+    """
+    if device in ("auto", "cpu"):
+        return None
+    kind, colon, index = device.partition(":")
+    if kind != "cuda" or (colon and not index.isdigit()):
+        return f"must be one of {', '.join(DEVICES)} (N a GPU index); got {device!r}"
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + (
+            f", CUDA {torch.version.cuda}" if torch.version.cuda else ", a CPU-only build"
+        )
+        return f"{device!r}, but no CUDA device is available here ({build}); use auto or cpu"
+    count = torch.cuda.device_count()
+    if index and int(index) >= count:
+        return f"{device!r}, but this machine has {count} CUDA device(s) (cuda:0 to cuda:{count - 1})"
+    return None
+
+
+def resolve_device(device: str = "auto") -> Any:
+    """The ``torch.device`` for a setting: ``auto`` is the first GPU when CUDA is available, else the CPU."""
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    problem = device_problem(device)
+    if problem is not None:
+        raise ConfigError(f"device: {problem}")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: Any = "cpu") -> str:
+    """A torch dtype name for ``model.dtype``: ``auto`` is bfloat16 on a CUDA device that supports it, else float32.
+
+    float32 on a CPU even where it has bf16 dot products: the hand-written
+    decoder is faster in float32 there, and logprobs then match training exactly.
+    """
+    if dtype not in DTYPES:
+        raise ConfigError(f"model.dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bfloat16"
+    return "float32"
+
+
+def load_policy(model_path: str | None, *, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any, Path]:
+    """(model, tokenizer, folder), the model in eval mode on ``device`` (``auto``: the first GPU if any, else CPU).
+
+    ``dtype`` is a torch dtype name or ``auto`` (see :func:`resolve_dtype`).
+    """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dev = resolve_device(device)
     folder = resolve_model_path(model_path)
-    torch_dtype = getattr(torch, dtype, None)
-    if not isinstance(torch_dtype, torch.dtype):
-        raise ConfigError(f"model.dtype: {dtype!r} is not a torch dtype (float32, bfloat16, float16)")
+    torch_dtype = getattr(torch, resolve_dtype(dtype, dev))
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch_dtype)
-    if torch.cuda.is_available():
-        model = model.to("cuda")
+    if dev.type != "cpu":
+        model = model.to(dev)
     model.eval()
     if tokenizer.chat_template is None:
         raise ConfigError(f"model {folder}: the tokenizer has no chat template; use an instruct/chat model")

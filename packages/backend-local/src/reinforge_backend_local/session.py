@@ -32,7 +32,7 @@ from .endpoint import PolicyEndpoint
 from .engine import Engine, MicroBatcher
 from .memory import limit_malloc_arenas
 from .metrics_log import MetricsLog
-from .modeling import DEFAULT_MODEL, load_policy
+from .modeling import DEFAULT_MODEL, load_policy, resolve_device, resolve_dtype
 from .policy import ChatTemplate, PolicyChatModel
 from .trainer import Trainer, build_samples
 from .weights import attach_lora, merged_for_decode
@@ -60,10 +60,13 @@ class Policy:
         fast_decode: bool = True,
         kv_cache_mb: float = 1024,
         prepacked_weights: bool = True,
+        device: str = "auto",
     ) -> None:
         self.config = mc
         limit_malloc_arenas()  # decode threads and the training thread share freed memory
-        model, tokenizer, self.folder = load_policy(mc.model_path, dtype=mc.dtype)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(mc.dtype, self.device)
+        model, tokenizer, self.folder = load_policy(mc.model_path, dtype=self.dtype, device=str(self.device))
         self.peft = lora and not mc.full_finetune
         if self.peft:
             model = attach_lora(model, mc)
@@ -72,7 +75,9 @@ class Policy:
         self.model = model
         self.tokenizer = tokenizer
         self.name = mc.model_path or DEFAULT_MODEL
-        packer = packing.Packer() if prepacked_weights and packing.available() else None
+        # oneDNN packing is a CPU layout; on a GPU every layer stays on F.linear
+        on_cpu = self.device.type == "cpu"
+        packer = packing.Packer() if prepacked_weights and on_cpu and packing.available() else None
         if packer is not None:
             packing.install(model, packer)  # frozen layers train on the packed weights too
         self.engine = Engine(
@@ -262,6 +267,7 @@ class TrainingSession:
             fast_decode=opts.fast_decode,
             kv_cache_mb=opts.kv_cache_mb,
             prepacked_weights=opts.prepacked_weights,
+            device=opts.device,
         )
         self.trainer = trainer = Trainer(
             policy.model,
@@ -289,7 +295,11 @@ class TrainingSession:
         else:
             from reinforge.plugin import to_dict
 
-            (run_dir / "config.json").write_text(json.dumps(to_dict(run), indent=2, default=str))
+            config = to_dict(run)
+            if isinstance(config.get("model"), dict):
+                # the dtype actually trained in ("auto" resolved): export and serve rebuild the base in it
+                config["model"]["dtype"] = policy.dtype
+            (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
         self.log = MetricsLog(run_dir, tensorboard=opts.tensorboard)
         self.progress = _Progress(self.total, enabled=opts.progress)
         self.deadline = time.monotonic() + opts.max_minutes * 60 if opts.max_minutes else None

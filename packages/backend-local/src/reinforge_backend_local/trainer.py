@@ -153,7 +153,10 @@ class Trainer:
         self.reference = None  # full fine-tuning with KL keeps a frozen copy
 
     def _forward_logprobs(self, model: Any, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logprobs (and entropies) of each completion token, left-padded so completions end together."""
+        """Logprobs (and entropies) of each completion token, left-padded so completions end together.
+
+        The batch is laid out on the CPU and copied to the model's device once (three copies, not one per row).
+        """
         dev = next(model.parameters()).device
         seqs = [s.prompt_ids + s.completion_ids for s in batch]
         width = max(map(len, seqs))
@@ -195,12 +198,13 @@ class Trainer:
         ref = self._reference_logprobs(batch) if opts.kl_coef > 0 else None
         ref_s = time.perf_counter() - tr
         logp, entropy, cmask = self._forward_logprobs(self.model, batch)
-        comp = cmask.shape[1]
-        old = torch.zeros_like(logp)
+        comp, dev = cmask.shape[1], logp.device
+        old = torch.zeros(logp.shape, dtype=logp.dtype)  # filled on the CPU, then one copy to the device
         for i, s in enumerate(batch):
             old[i, comp - len(s.old_logprobs) :] = torch.tensor(s.old_logprobs)
-        adv = torch.tensor([s.advantage for s in batch], device=logp.device).unsqueeze(1)
-        weight = torch.tensor([s.weight for s in batch], device=logp.device).unsqueeze(1)
+        old = old.to(dev)
+        adv = torch.tensor([s.advantage for s in batch], device=dev).unsqueeze(1)
+        weight = torch.tensor([s.weight for s in batch], device=dev).unsqueeze(1)
         log_ratio = (logp - old) * cmask
         if self.name == "gspo":
             # one ratio per sequence: the geometric mean of its token ratios
@@ -227,7 +231,7 @@ class Trainer:
         with torch.no_grad():
             stats["entropy"] = float((entropy * cmask).sum())
             stats["ratio"] = float((ratio * cmask).sum())
-            bound = torch.where(adv > 0, torch.tensor(high), torch.tensor(low))
+            bound = torch.where(adv > 0, torch.tensor(high, device=dev), torch.tensor(low, device=dev))
             stats["clip_frac"] = float((((ratio - 1).abs() > bound) * cmask).sum())
         return loss, stats
 
