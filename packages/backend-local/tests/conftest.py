@@ -27,7 +27,5 @@ def served(model_folder):
     from reinforge_backend_local.serve.model import load, resolve_source
 
     metrics = Metrics()
-    model = load(
-        resolve_source(str(model_folder)), max_batch=16, window_s=0.02, max_model_len=512, on_batch=metrics.on_batch
-    )
+    model = load(resolve_source(str(model_folder)), max_batch=16, max_model_len=512, metrics=metrics)
     return model, metrics

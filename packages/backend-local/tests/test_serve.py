@@ -239,9 +239,10 @@ def test_tools_reach_the_chat_template(http: httpx.Client, name: str, served: An
     body = {"model": name, "messages": HELLO, "max_tokens": 2, "tools": TOOLS, "return_token_ids": True}
     plain = http.post("/v1/chat/completions", json={**body, "tools": None}).json()["prompt_token_ids"]
     r = http.post("/v1/chat/completions", json=body)
-    # SmolLM2's template has no tools section: they are accepted, not rendered, and the header says so
-    assert r.status_code == 200 and r.headers["x-reinforge-tools"] == "ignored-by-chat-template"
-    assert r.json()["prompt_token_ids"] == plain
+    # SmolLM2's template has no tools section: the fallback describes them in a system message
+    assert r.status_code == 200 and r.headers["x-reinforge-tools"] == "system-prompt"
+    prompt = tokenizer.decode(r.json()["prompt_token_ids"])
+    assert r.json()["prompt_token_ids"] != plain and "get_weather" in prompt and "<tool_call>" in prompt
     original = tokenizer.chat_template
     tokenizer.chat_template = (
         "{% if tools %}<|im_start|>system\nTools: {{ tools | tojson }}<|im_end|>\n{% endif %}" + original
@@ -274,8 +275,78 @@ def test_concurrent_requests_are_batched(server: BackgroundServer, http: httpx.C
     assert len({o.choices[0].message.content for o in outs}) == 1  # greedy rows do not depend on the batch
     after = http.get("/metrics").text
     rows = _metric(after, "reinforge_serve_batch_size_sum") - _metric(before, "reinforge_serve_batch_size_sum")
-    batches = _metric(after, "reinforge_serve_batch_size_count") - _metric(before, "reinforge_serve_batch_size_count")
-    assert rows == 6 and 1 <= batches <= 6
+    steps = _metric(after, "reinforge_serve_batch_size_count") - _metric(before, "reinforge_serve_batch_size_count")
+    tokens = sum(o.usage.completion_tokens for o in outs)
+    assert rows == tokens  # every row of a decode step is one completion token
+    assert steps < tokens  # and steps decoded several requests together
+
+
+def test_a_request_arriving_mid_decode_joins_the_running_batch(
+    server: BackgroundServer, http: httpx.Client, name: str
+) -> None:
+    """The second request is sent after the first streamed tokens: it is admitted into the running batch."""
+    import openai
+
+    before = _metric(http.get("/metrics").text, "reinforge_serve_joined_running_batch_total")
+
+    async def go() -> tuple[str | None, Any]:
+        c = openai.AsyncOpenAI(base_url=f"{server.base}/v1", api_key=KEY, max_retries=0)
+        try:
+            first = await c.completions.create(
+                model=name, prompt="1, 2, 3, 4, 5, 6, 7,", max_tokens=40, temperature=0, stream=True
+            )
+            finish, second, seen = None, None, 0
+            async for chunk in first:
+                seen += bool(chunk.choices and chunk.choices[0].text)
+                if seen == 2 and second is None:  # the first is decoding now
+                    second = asyncio.ensure_future(
+                        c.completions.create(model=name, prompt="Hello", max_tokens=4, temperature=0)
+                    )
+                if chunk.choices and chunk.choices[0].finish_reason:
+                    finish = chunk.choices[0].finish_reason
+            assert second is not None
+            return finish, await second
+        finally:
+            await c.close()
+
+    finish, second = asyncio.run(go())
+    assert finish == "length"  # the first ran its 40 tokens, so the second arrived while it decoded
+    assert second.choices[0].text
+    after = _metric(http.get("/metrics").text, "reinforge_serve_joined_running_batch_total")
+    assert after - before == 1
+
+
+def test_top_logprobs_chat_and_completions(client: Any, name: str, tokenizer: Any) -> None:
+    out = client.chat.completions.create(
+        model=name, messages=HELLO, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    content = out.choices[0].logprobs.content
+    assert content
+    for entry in content:
+        alternatives = entry.top_logprobs
+        assert len(alternatives) == 3
+        assert alternatives[0].token == entry.token  # greedy: the chosen token is the likeliest
+        assert alternatives[0].logprob == pytest.approx(entry.logprob, abs=1e-5)
+        assert [a.logprob for a in alternatives] == sorted((a.logprob for a in alternatives), reverse=True)
+    legacy = client.completions.create(model=name, prompt="1, 2, 3,", max_tokens=4, temperature=0, logprobs=2)
+    lp = legacy.choices[0].logprobs
+    assert len(lp.top_logprobs) == len(lp.tokens) == 4
+    for token, top in zip(lp.tokens, lp.top_logprobs):
+        assert len(top) <= 2 and token in top  # two distinct texts (a dict), the chosen one among them
+
+
+def test_streamed_tokens_are_the_non_streamed_ones(client: Any, name: str, tokenizer: Any) -> None:
+    body = {"model": name, "messages": HELLO, "max_tokens": 10, "temperature": 0}
+    whole = client.chat.completions.create(**body, extra_body={"return_token_ids": True}).model_dump()
+    ids: list[int] = []
+    text = ""
+    for chunk in client.chat.completions.create(**body, stream=True, extra_body={"return_token_ids": True}):
+        data = chunk.model_dump()
+        for c in data["choices"]:
+            ids += c.get("token_ids") or []
+            text += c["delta"].get("content") or ""
+    assert ids == whole["choices"][0]["token_ids"]
+    assert text == whole["choices"][0]["message"]["content"] == tokenizer.decode(ids, skip_special_tokens=True)
 
 
 # -- litellm --------------------------------------------------------------------------------------
@@ -319,7 +390,8 @@ def _error(r: httpx.Response, status: int) -> dict[str, Any]:
         ({"messages": HELLO, "top_p": 0}, 400, "top_p"),
         ({"messages": HELLO, "n": 0}, 400, "n"),
         ({"messages": HELLO, "stop": 5}, 400, "stop"),
-        ({"messages": HELLO, "top_logprobs": 3, "logprobs": True}, 400, "top_logprobs"),
+        ({"messages": HELLO, "top_logprobs": 3}, 400, "top_logprobs"),
+        ({"messages": HELLO, "top_logprobs": 21, "logprobs": True}, 400, "top_logprobs"),
         ({"messages": HELLO, "presence_penalty": 0.5}, 400, "presence_penalty"),
         ({"messages": HELLO, "tool_choice": "required"}, 400, "tool_choice"),
         ({"messages": HELLO, "frobnicate": 1}, 400, "frobnicate"),
@@ -367,7 +439,8 @@ def test_bad_completion_requests(http: httpx.Client, name: str) -> None:
     for body, param in [
         ({}, "prompt"),
         ({"prompt": {"a": 1}}, "prompt"),
-        ({"prompt": "hi", "logprobs": 2}, "logprobs"),
+        ({"prompt": "hi", "logprobs": 21}, "logprobs"),
+        ({"prompt": "hi", "logprobs": True}, "logprobs"),
         ({"prompt": "hi", "echo": True}, "echo"),
         ({"prompt": [10**9]}, "prompt"),
     ]:
@@ -569,11 +642,11 @@ def test_completion_logprobs_zero(http: httpx.Client, name: str, tokenizer: Any)
 def test_engine_failure_is_a_500_and_the_server_goes_on(
     http: httpx.Client, name: str, served: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(requests: Any) -> Any:
+    def broken() -> Any:
         raise RuntimeError("out of cache")
 
     with monkeypatch.context() as m:
-        m.setattr(served[0].engine, "generate", broken)
+        m.setattr(served[0].engine, "_session", broken)  # every new decode batch fails
         r = http.post("/v1/chat/completions", json={"messages": HELLO, "max_tokens": 2})
         assert r.status_code == 500
         assert r.json()["error"]["type"] == "server_error" and "out of cache" in r.json()["error"]["message"]

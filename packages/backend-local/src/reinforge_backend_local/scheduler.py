@@ -48,9 +48,10 @@ class Stream:
         self.submitted = time.perf_counter()
         self.cancelled = False
         self.result: GenResult | None = None
+        self.done: asyncio.Future[None] = loop.create_future()  # set when the result (or failure) is delivered
 
     def cancel(self) -> None:
-        """The caller is gone: the row leaves the batch at the next step."""
+        """The caller is gone: the row leaves the batch at the next step (its result says ``abort``)."""
         self.cancelled = True
 
     async def events(self) -> AsyncIterator[TokenEvent]:
@@ -207,6 +208,7 @@ class Scheduler:
             if s.cancelled:
                 self._pending.popleft()
                 self.stats.cancelled += 1
+                self._deliver([(s, GenResult([], [], "abort", ""))])
                 continue
             more = len(s.request.prompt_ids) + s.request.max_tokens
             if (rows or taken) and per_token and (need + more) * per_token > self.kv_budget:
@@ -253,6 +255,7 @@ class Scheduler:
         for j, (row, t, p) in enumerate(zip(rows, tok.tolist(), lp.tolist())):
             if row.stream.cancelled:
                 self.stats.cancelled += 1
+                events.append((row.stream, self._result(row, "abort")))
                 continue
             top = tops.get(j)
             row.tokens.append(t)
@@ -358,3 +361,5 @@ class Scheduler:
 def _put_all(items: list[tuple[Stream, Any]]) -> None:
     for stream, event in items:
         stream.queue.put_nowait(event)
+        if not isinstance(event, TokenEvent) and not stream.done.done():
+            stream.done.set_result(None)

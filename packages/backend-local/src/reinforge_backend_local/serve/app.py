@@ -14,7 +14,7 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,10 +29,12 @@ from reinforge.plugin import ConfigError
 
 from ..engine import GenRequest, GenResult
 from ..policy import sampling_request
-from . import auth, protocol
+from ..scheduler import Stream, TokenEvent
+from . import auth, protocol, streaming, tool_calls
 from .metrics import Metrics
 from .model import AdapterError, ServedModel
 from .protocol import ApiError
+from .streaming import TextDeltas
 
 MAX_BODY_BYTES = 4 * 2**20
 VERSION_HEADER = "x-policy-version"
@@ -41,11 +43,15 @@ SAMPLING_DEFAULTS = {"temperature": 1.0, "top_p": 1.0}
 
 @dataclass
 class _Job:
-    """The engine requests of one HTTP request: one per prompt and choice."""
+    """The engine requests of one HTTP request (one per prompt and choice) and, once admitted, their streams."""
 
     prompt_ids: list[list[int]]
     requests: list[GenRequest]
     n: int
+    streams: list[Stream] = field(default_factory=list)
+
+    def prompt_of(self, choice: int) -> list[int]:
+        return self.prompt_ids[choice // self.n]
 
 
 class _CountRequests:
@@ -94,6 +100,7 @@ class Service:
         self.metrics.policy_version.set(served.policy_version)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inflight = 0
+        self._tools_probe: tuple[Any, bool] = (None, False)
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -106,24 +113,23 @@ class Service:
             self._open.set()
             self._idle.set()
 
-    async def _start(self, job: _Job) -> tuple[asyncio.Task[list[GenResult]], int]:
-        """Admit ``job`` (waiting while a swap drains) and start it: (its generation, the version it runs on)."""
+    async def _start(self, job: _Job) -> int:
+        """Admit ``job`` (waiting while a swap drains) and queue its requests: the version they run on."""
         self._bind()
         while not self._open.is_set():
             await self._open.wait()
         self._inflight += 1
         self._idle.clear()
-        task = asyncio.get_running_loop().create_task(self._generate(job))
+        job.streams = [self.served.scheduler.submit(r) for r in job.requests]
+        everything = asyncio.gather(*(s.done for s in job.streams))
 
-        def done(t: asyncio.Task[list[GenResult]]) -> None:
-            if not t.cancelled():
-                t.exception()  # retrieved: a stream whose client left never awaits it
+        def done(_: asyncio.Future[list[None]]) -> None:
             self._inflight -= 1
             if self._inflight == 0:
                 self._idle.set()
 
-        task.add_done_callback(done)
-        return task, self.served.policy_version
+        everything.add_done_callback(done)
+        return self.served.policy_version
 
     async def _body(self, request: Request) -> dict[str, Any]:
         auth.check(request.headers.get("authorization"), self.api_key)
@@ -163,47 +169,86 @@ class Service:
                 code="context_length_exceeded",
             )
 
-    def _job(self, prompt_ids: list[list[int]], sampling: protocol.Sampling) -> _Job:
+    def _job(self, prompt_ids: list[list[int]], sampling: protocol.Sampling, top_logprobs: int = 0) -> _Job:
         params = sampling.as_dict(self.served.default_max_tokens)
         requests = []
         for p, ids in enumerate(prompt_ids):
             key = random.getrandbits(62)
             for i in range(sampling.n):
-                requests.append(sampling_request(ids, params, SAMPLING_DEFAULTS, (key, p, i), (key, p, i)))
+                r = sampling_request(ids, params, SAMPLING_DEFAULTS, (key, p, i), (key, p, i))
+                r.top_logprobs = top_logprobs
+                requests.append(r)
         return _Job(prompt_ids, requests, sampling.n)
 
-    async def _generate(self, job: _Job) -> list[GenResult]:
+    def _counted(self, job: _Job, results: list[GenResult | None]) -> int:
+        """Count the job's tokens in the metrics; its completion tokens."""
+        completion = sum(len(r.token_ids) for r in results if r is not None)
+        self.metrics.prompt_tokens.inc(sum(len(p) for p in job.prompt_ids))
+        self.metrics.completion_tokens.inc(completion)
+        return completion
+
+    def _piece(self, token: int) -> str:
+        """A token's own text (special tokens included), as logprobs entries show it."""
+        return str(self.served.tokenizer.decode([token], skip_special_tokens=False))
+
+    def _alternatives(self, top: list[tuple[int, float]] | None) -> list[tuple[str, float]]:
+        return [(self._piece(t), lp) for t, lp in top or []]
+
+    def _tops(self, result: GenResult) -> protocol.Alternatives | None:
+        if result.top_logprobs is None:
+            return None
+        return [self._alternatives(top) for top in result.top_logprobs]
+
+    async def _finished(self, job: _Job, start: float) -> list[GenResult]:
+        """The results of a non-streamed request; its first token reaches the client with the last."""
         try:
-            results = await asyncio.gather(*(self.served.batcher.submit(r) for r in job.requests))
+            results = list(await asyncio.gather(*(s.finished() for s in job.streams)))
         except Exception as exc:  # noqa: BLE001 - an engine failure is the server's, not the client's
             raise ApiError(f"generation failed: {type(exc).__name__}: {exc}", status=500) from exc
-        self.metrics.prompt_tokens.inc(sum(len(p) for p in job.prompt_ids))
-        self.metrics.completion_tokens.inc(sum(len(r.token_ids) for r in results))
-        return list(results)
+        elapsed = time.perf_counter() - start
+        self.metrics.ttft.observe(elapsed)
+        self.metrics.latency.observe(elapsed)
+        self._counted(job, list(results))
+        return results
 
-    def _pieces(self, result: GenResult) -> tuple[list[str], list[str]]:
-        """(each token's own text, the stream deltas): the deltas join to exactly ``result.text``."""
-        tok = self.served.tokenizer
-        own = [tok.decode([t], skip_special_tokens=False) for t in result.token_ids]
-        deltas, done = [], 0
-        for k in range(1, len(result.token_ids) + 1):
-            upto = min(len(tok.decode(result.token_ids[:k], skip_special_tokens=True)), len(result.text))
-            upto = max(upto, done)
-            deltas.append(result.text[done:upto])
-            done = upto
-        if deltas:
-            deltas[-1] += result.text[done:]
-        return own, deltas
+    async def _events(self, job: _Job, start: float) -> AsyncIterator[tuple[int, TokenEvent | GenResult, str]]:
+        """(choice, event, text delta) as tokens are sampled; a result's delta is what was held back."""
+        deltas = [TextDeltas(self.served.tokenizer, r.stop) for r in job.requests]
+        first = True
+        try:
+            async for i, event in streaming.merged(job.streams):
+                if isinstance(event, TokenEvent):
+                    if first:
+                        self.metrics.ttft.observe(time.perf_counter() - start)
+                        first = False
+                    yield i, event, deltas[i].push(event.token)
+                else:
+                    yield i, event, deltas[i].finish(event.text)
+        except ApiError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the engine failed mid-stream
+            raise ApiError(f"generation failed: {type(exc).__name__}: {exc}", status=500) from exc
 
     # -- routes -------------------------------------------------------------------------------
+
+    def _renders_tools(self) -> bool:
+        """Whether the chat template renders ``tools`` (probed once per template: tests swap it)."""
+        template = self.served.tokenizer.chat_template
+        if self._tools_probe[0] != template:
+            self._tools_probe = (template, tool_calls.template_renders_tools(self.served.tokenizer))
+        return self._tools_probe[1]
 
     async def chat(self, request: Request) -> Response:
         start = time.perf_counter()
         body = await self._body(request)
         req = protocol.parse_chat(body)
         name = self._model_name(req.model)
+        messages, tools = req.messages, req.tools
+        rendered = bool(tools) and self._renders_tools()
+        if tools and not rendered:  # the documented fallback: tools described in a system message, Hermes calls
+            messages, tools = tool_calls.fallback_messages(messages, tools), None
         try:
-            prompt_ids = self.served.template.prompt_ids(req.messages, req.tools)
+            prompt_ids = self.served.template.prompt_ids(messages, tools)
         except ConfigError as exc:  # the only one it raises: the prompt does not fit max_model_len
             raise ApiError(
                 f"this model's maximum context length is {self.served.max_model_len} tokens: {exc}",
@@ -213,26 +258,27 @@ class Service:
         except Exception as exc:  # noqa: BLE001 - the chat template rejects what it cannot render
             raise ApiError(f"the chat template cannot render these messages: {exc}", param="messages") from exc
         self._check_length(prompt_ids, "messages")
-        job = self._job([prompt_ids], req.sampling)
+        job = self._job([prompt_ids], req.sampling, req.top_logprobs)
         rid = protocol.new_id("chatcmpl")
-        pending, version = await self._start(job)
+        version = await self._start(job)
         headers = {VERSION_HEADER: str(version)}
-        if req.tools:  # a chat template that never mentions tools renders none: say so
-            rendered = "tools" in str(self.served.tokenizer.chat_template or "")
-            headers["x-reinforge-tools"] = "rendered" if rendered else "ignored-by-chat-template"
+        if req.tools:
+            headers["x-reinforge-tools"] = "rendered" if rendered else "system-prompt"
         if req.stream:
-            return self._stream(self._chat_chunks(req, job, pending, rid, name, start), headers)
-        results = await self._finished(pending, start)
+            return self._stream(self._chat_chunks(req, job, rid, name, start), headers)
+        results = await self._finished(job, start)
         choices = []
         for i, res in enumerate(results):
-            choice: dict[str, Any] = {
-                "index": i,
-                "message": {"role": "assistant", "content": res.text},
-                "logprobs": None,
-                "finish_reason": res.finish_reason,
-            }
+            message: dict[str, Any] = {"role": "assistant", "content": res.text}
+            finish = res.finish_reason
+            parsed = tool_calls.parse_tool_calls(res.text, req.tools)  # no tools offered: no calls
+            if parsed.tool_calls:
+                message = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
+                finish = "tool_calls" if finish == "stop" else finish
+            choice: dict[str, Any] = {"index": i, "message": message, "logprobs": None, "finish_reason": finish}
             if req.logprobs:
-                choice["logprobs"] = protocol.chat_logprobs(self._pieces(res)[0], res.logprobs)
+                pieces = [self._piece(t) for t in res.token_ids]
+                choice["logprobs"] = protocol.chat_logprobs(pieces, res.logprobs, self._tops(res))
             if req.return_token_ids:
                 choice["token_ids"] = res.token_ids
             choices.append(choice)
@@ -244,22 +290,8 @@ class Service:
             extra["prompt_token_ids"] = prompt_ids
         return JSONResponse(protocol.envelope("chat.completion", rid, name, choices, **extra), headers=headers)
 
-    async def _finished(self, pending: Awaitable[list[GenResult]], start: float) -> list[GenResult]:
-        """The results of a non-streamed request; its first token reaches the client with the last."""
-        results = await pending
-        elapsed = time.perf_counter() - start
-        self.metrics.ttft.observe(elapsed)
-        self.metrics.latency.observe(elapsed)
-        return results
-
     async def _chat_chunks(
-        self,
-        req: protocol.ChatRequest,
-        job: _Job,
-        pending: Awaitable[list[GenResult]],
-        rid: str,
-        name: str,
-        start: float,
+        self, req: protocol.ChatRequest, job: _Job, rid: str, name: str, start: float
     ) -> AsyncIterator[dict[str, Any]]:
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
             return protocol.envelope("chat.completion.chunk", rid, name, choices, **extra)
@@ -272,21 +304,36 @@ class Service:
             ],
             **first,
         )
-        results = await pending
-        self.metrics.ttft.observe(time.perf_counter() - start)
-        for i, res in enumerate(results):
-            own, deltas = self._pieces(res)
-            for k, delta in enumerate(deltas):
-                c: dict[str, Any] = {"index": i, "delta": {"content": delta}, "logprobs": None, "finish_reason": None}
-                if req.logprobs:
-                    c["logprobs"] = protocol.chat_logprobs(own[k : k + 1], res.logprobs[k : k + 1])
-                if req.return_token_ids:
-                    c["token_ids"] = res.token_ids[k : k + 1]
-                yield chunk([c])
-            yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": res.finish_reason}])
+        results: list[GenResult | None] = [None] * job.n
+        held = [tool_calls.ToolCallStream(req.tools) for _ in range(job.n)]  # a call's text never goes out
+        async for i, event, delta in self._events(job, start):
+            delta = held[i].push(delta)
+            if isinstance(event, GenResult):
+                results[i] = event
+                rest, calls = held[i].finish()
+                delta += rest
+                if delta:
+                    yield chunk([{"index": i, "delta": {"content": delta}, "logprobs": None, "finish_reason": None}])
+                finish = event.finish_reason
+                if calls:
+                    tc = [{"index": k, **call} for k, call in enumerate(calls)]
+                    yield chunk([{"index": i, "delta": {"tool_calls": tc}, "logprobs": None, "finish_reason": None}])
+                    finish = "tool_calls" if finish == "stop" else finish
+                yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": finish}])
+                continue
+            if not (delta or req.logprobs or req.return_token_ids):
+                continue
+            c: dict[str, Any] = {"index": i, "delta": {"content": delta}, "logprobs": None, "finish_reason": None}
+            if req.logprobs:
+                top = [self._alternatives(event.top)] if event.top is not None else None
+                c["logprobs"] = protocol.chat_logprobs([self._piece(event.token)], [event.logprob], top)
+            if req.return_token_ids:
+                c["token_ids"] = [event.token]
+            yield chunk([c])
         self.metrics.latency.observe(time.perf_counter() - start)
+        completion = self._counted(job, results)
         if req.include_usage:
-            yield chunk([], usage=protocol.usage(len(job.prompt_ids[0]), sum(len(r.token_ids) for r in results)))
+            yield chunk([], usage=protocol.usage(len(job.prompt_ids[0]), completion))
 
     async def completions(self, request: Request) -> Response:
         start = time.perf_counter()
@@ -301,13 +348,13 @@ class Service:
                 raise ApiError(f"prompt token ids must be in [0, {vocab})", param="prompt")
             self._check_length(ids, "prompt")
             prompt_ids.append(ids)
-        job = self._job(prompt_ids, req.sampling)
+        job = self._job(prompt_ids, req.sampling, req.top_logprobs)
         rid = protocol.new_id("cmpl")
-        pending, version = await self._start(job)
+        version = await self._start(job)
         headers = {VERSION_HEADER: str(version)}
         if req.stream:
-            return self._stream(self._completion_chunks(req, job, pending, rid, name, start), headers)
-        results = await self._finished(pending, start)
+            return self._stream(self._completion_chunks(req, job, rid, name, start), headers)
+        results = await self._finished(job, start)
         choices = []
         for i, res in enumerate(results):
             choice: dict[str, Any] = {
@@ -317,41 +364,50 @@ class Service:
                 "finish_reason": res.finish_reason,
             }
             if req.logprobs:
-                choice["logprobs"] = protocol.completion_logprobs(self._pieces(res)[0], res.logprobs)
+                pieces = [self._piece(t) for t in res.token_ids]
+                choice["logprobs"] = protocol.completion_logprobs(pieces, res.logprobs, self._tops(res))
             if req.return_token_ids:
-                choice["prompt_token_ids"] = prompt_ids[i // job.n]
+                choice["prompt_token_ids"] = job.prompt_of(i)
                 choice["token_ids"] = res.token_ids
             choices.append(choice)
         use = protocol.usage(sum(len(p) for p in prompt_ids), sum(len(r.token_ids) for r in results))
         return JSONResponse(protocol.envelope("text_completion", rid, name, choices, usage=use), headers=headers)
 
     async def _completion_chunks(
-        self,
-        req: protocol.CompletionRequest,
-        job: _Job,
-        pending: Awaitable[list[GenResult]],
-        rid: str,
-        name: str,
-        start: float,
+        self, req: protocol.CompletionRequest, job: _Job, rid: str, name: str, start: float
     ) -> AsyncIterator[dict[str, Any]]:
-        results = await pending
-        self.metrics.ttft.observe(time.perf_counter() - start)
-        for i, res in enumerate(results):
-            own, deltas = self._pieces(res)
-            for k, delta in enumerate(deltas):
-                c: dict[str, Any] = {"index": i, "text": delta, "logprobs": None, "finish_reason": None}
-                if req.logprobs:
-                    c["logprobs"] = protocol.completion_logprobs(own[k : k + 1], res.logprobs[k : k + 1])
-                if req.return_token_ids:
-                    c["token_ids"] = res.token_ids[k : k + 1]
-                    if k == 0:
-                        c["prompt_token_ids"] = job.prompt_ids[i // job.n]
-                yield protocol.envelope("text_completion", rid, name, [c])
-            done = {"index": i, "text": "", "logprobs": None, "finish_reason": res.finish_reason}
-            yield protocol.envelope("text_completion", rid, name, [done])
+        def chunk(c: dict[str, Any]) -> dict[str, Any]:
+            return protocol.envelope("text_completion", rid, name, [c])
+
+        results: list[GenResult | None] = [None] * len(job.requests)
+        offsets = [0] * len(job.requests)  # characters of each choice's text sent so far
+        started = [False] * len(job.requests)
+        async for i, event, delta in self._events(job, start):
+            c: dict[str, Any] = {"index": i, "text": delta, "logprobs": None, "finish_reason": None}
+            if req.return_token_ids and not started[i]:
+                c["prompt_token_ids"] = job.prompt_of(i)
+                started[i] = True
+            if isinstance(event, GenResult):
+                results[i] = event
+                if delta:
+                    yield chunk(c)
+                    c = {"index": i, "text": "", "logprobs": None, "finish_reason": None}
+                yield chunk({**c, "finish_reason": event.finish_reason})
+                continue
+            if req.logprobs:
+                top = [self._alternatives(event.top)] if event.top is not None else None
+                c["logprobs"] = protocol.completion_logprobs(
+                    [self._piece(event.token)], [event.logprob], top, offsets[i]
+                )
+            if req.return_token_ids:
+                c["token_ids"] = [event.token]
+            offsets[i] += len(delta)
+            if delta or req.logprobs or req.return_token_ids:
+                yield chunk(c)
         self.metrics.latency.observe(time.perf_counter() - start)
+        completion = self._counted(job, results)
         if req.include_usage:
-            use = protocol.usage(sum(len(p) for p in job.prompt_ids), sum(len(r.token_ids) for r in results))
+            use = protocol.usage(sum(len(p) for p in job.prompt_ids), completion)
             yield protocol.envelope("text_completion", rid, name, [], usage=use)
 
     def _stream(
@@ -455,7 +511,7 @@ def build_app(
     metrics: Metrics | None = None,
     admin_key: str | None = None,
 ) -> Starlette:
-    """The ASGI app serving ``served`` (give ``metrics`` to share them with the batcher's ``on_batch``).
+    """The ASGI app serving ``served`` (give ``metrics`` to share them with the scheduler's hooks).
 
     ``admin_key`` enables ``POST /admin/adapter`` (without it the route answers 403).
     """

@@ -26,14 +26,21 @@ def arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="environment variable holding the admin key for POST /admin/adapter (without it the route is off)",
     )
-    parser.add_argument("--max-batch", type=int, default=64, metavar="N", help="rows per engine batch (default 64)")
     parser.add_argument(
-        "--window-ms", type=float, default=10.0, help="how long a batch waits for more requests (default 10 ms)"
+        "--max-batch", type=int, default=64, metavar="N", help="rows decoded together at most (default 64)"
+    )
+    parser.add_argument(
+        "--kv-cache-mb", type=float, default=1024, metavar="MB", help="KV cache the admitted requests may need (1024)"
     )
     parser.add_argument("--max-model-len", type=int, help="context length (default: the run's or 4096)")
     parser.add_argument("--max-body-mb", type=float, default=4.0, help="request body limit in MiB (default 4)")
     parser.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: derived)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    parser.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default), cuda, cuda:N or auto (the first GPU if there is one); on a GPU decoding uses HF's forward",
+    )
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -42,10 +49,15 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.max_batch < 1:
         raise ConfigError(f"--max-batch must be at least 1, got {args.max_batch}")
-    if args.window_ms < 0:
-        raise ConfigError(f"--window-ms must not be negative, got {args.window_ms}")
+    if args.kv_cache_mb <= 0:
+        raise ConfigError(f"--kv-cache-mb must be positive, got {args.kv_cache_mb}")
     if args.max_body_mb <= 0:
         raise ConfigError(f"--max-body-mb must be positive, got {args.max_body_mb}")
+    from ..modeling import device_problem
+
+    problem = device_problem(args.device)
+    if problem:
+        raise ConfigError(f"--device: {problem}")
     if args.max_model_len is not None and args.max_model_len < 2:
         raise ConfigError(f"--max-model-len must be at least 2, got {args.max_model_len}")
 
@@ -67,9 +79,10 @@ def build(args: argparse.Namespace) -> Any:
     served = load(
         source,
         max_batch=args.max_batch,
-        window_s=args.window_ms / 1000,
         max_model_len=args.max_model_len,
-        on_batch=metrics.on_batch,
+        kv_cache_mb=args.kv_cache_mb,
+        metrics=metrics,
+        device=args.device,
     )
     return build_app(
         served, api_key=key, max_body_bytes=int(args.max_body_mb * 2**20), metrics=metrics, admin_key=admin_key

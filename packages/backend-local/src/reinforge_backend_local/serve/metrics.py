@@ -20,12 +20,21 @@ class Metrics:
         self.completion_tokens = Counter("reinforge_serve_completion_tokens", "completion tokens generated", registry=r)
         self.batch_size = Histogram(
             "reinforge_serve_batch_size",
-            "rows per engine batch",
+            "rows decoded together, per decode step",
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
             registry=r,
         )
+        self.running = Gauge("reinforge_serve_running_rows", "rows in the running decode batch", registry=r)
+        self.joined = Counter(
+            "reinforge_serve_joined_running_batch",
+            "completions admitted into a batch that was already decoding (continuous batching)",
+            registry=r,
+        )
         self.queue_wait = Histogram(
-            "reinforge_serve_queue_wait_seconds", "time a completion waited for its batch", buckets=_LATENCY, registry=r
+            "reinforge_serve_queue_wait_seconds",
+            "arrival of a completion to its admission into the decode batch",
+            buckets=_LATENCY,
+            registry=r,
         )
         self.ttft = Histogram(
             "reinforge_serve_time_to_first_token_seconds",
@@ -51,11 +60,17 @@ class Metrics:
             return path
         return "/v1/models/{id}" if path.startswith("/v1/models/") else "other"
 
-    def on_batch(self, size: int, waits: list[float]) -> None:
-        """Called by the batcher on the decode thread as each batch starts."""
-        self.batch_size.observe(size)
+    def on_admit(self, waits: list[float], joined: int) -> None:
+        """Called by the scheduler on the decode thread as completions are admitted."""
         for w in waits:
             self.queue_wait.observe(w)
+        if joined:
+            self.joined.inc(joined)
+
+    def on_step(self, rows: int) -> None:
+        """Called by the scheduler on the decode thread at every decode step."""
+        self.batch_size.observe(rows)
+        self.running.set(rows)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,10 +13,11 @@ from typing import Any
 from reinforge.plugin import ConfigError
 
 from .. import checkpoint, packing
-from ..engine import Engine, GenRequest, GenResult, MicroBatcher
+from ..engine import Engine
 from ..memory import limit_malloc_arenas
 from ..modeling import ALIASES, DEFAULT_MODEL, GGUF_MODELS, load_policy
 from ..policy import ChatTemplate
+from ..scheduler import Scheduler
 
 
 @dataclass
@@ -82,38 +83,15 @@ def _from_checkpoint(ckpt: Path, run_dir: Path) -> Source:
     )
 
 
-class ServeBatcher(MicroBatcher):
-    """The engine's micro-batcher, reporting each batch's size and its requests' queue wait."""
-
-    def __init__(self, engine: Engine, *, window_s: float, on_batch: Any = None) -> None:
-        super().__init__(engine, window_s=window_s)
-        self.active = 1 << 30  # unknown callers: a batch starts after the window or at max_batch
-        self.on_batch = on_batch
-        self._queued: dict[int, float] = {}
-
-    async def submit(self, request: GenRequest) -> GenResult:
-        self._queued[id(request)] = time.perf_counter()
-        try:
-            return await super().submit(request)
-        finally:
-            self._queued.pop(id(request), None)
-
-    def _generate(self, requests: list[GenRequest]) -> list[GenResult]:
-        now = time.perf_counter()
-        if self.on_batch is not None:
-            self.on_batch(len(requests), [now - self._queued.get(id(r), now) for r in requests])
-        return super()._generate(requests)
-
-
 @dataclass
 class ServedModel:
-    """Model, tokenizer, engine, batcher and chat template of the served policy."""
+    """Model, tokenizer, engine, scheduler and chat template of the served policy."""
 
     name: str
     folder: Path
     tokenizer: Any
     engine: Engine
-    batcher: ServeBatcher
+    scheduler: Scheduler
     template: ChatTemplate
     max_model_len: int
     default_max_tokens: int = 512
@@ -262,16 +240,16 @@ def load(
     source: Source,
     *,
     max_batch: int = 64,
-    window_s: float = 0.01,
     max_model_len: int | None = None,
     kv_cache_mb: float = 1024,
-    on_batch: Any = None,
+    metrics: Any = None,
+    device: str = "cpu",
 ) -> ServedModel:
     """Load the weights (the adapter merged in, so decoding runs at base speed) and build the engine."""
     import torch
 
     limit_malloc_arenas()
-    model, tokenizer, folder = load_policy(source.model_path, dtype=source.dtype)
+    model, tokenizer, folder = load_policy(source.model_path, dtype=source.dtype, device=device)
     model.eval()
     if source.full_weights is not None and source.adapter is None:
         model.load_state_dict(torch.load(source.full_weights, map_location="cpu"))
@@ -279,7 +257,8 @@ def load(
     config_len = getattr(model.config, "max_position_embeddings", None)
     if config_len:
         length = min(length, int(config_len))
-    packer = packing.Packer() if packing.available() else None
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    packer = packing.Packer() if on_cpu and packing.available() else None
     if packer is not None:
         packing.install(model, packer)
     engine = Engine(model, tokenizer, max_model_len=length, max_batch=max_batch, kv_cache_mb=kv_cache_mb, packer=packer)
@@ -294,7 +273,12 @@ def load(
         folder=folder,
         tokenizer=tokenizer,
         engine=engine,
-        batcher=ServeBatcher(engine, window_s=window_s, on_batch=on_batch),
+        scheduler=Scheduler(
+            engine,
+            max_batch=max_batch,
+            on_admit=metrics.on_admit if metrics is not None else None,
+            on_step=metrics.on_step if metrics is not None else None,
+        ),
         template=ChatTemplate(tokenizer, length),
         max_model_len=length,
         adapter=source.adapter,

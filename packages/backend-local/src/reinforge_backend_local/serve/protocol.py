@@ -31,6 +31,7 @@ CHAT_FIELDS = SAMPLING | {"messages", "tools", "tool_choice", "logprobs", "top_l
 COMPLETION_FIELDS = SAMPLING | {"prompt", "logprobs", "return_token_ids"}
 MAX_N = 16
 MAX_STOP = 4
+MAX_TOP_LOGPROBS = 20
 
 
 class ApiError(Exception):
@@ -80,6 +81,7 @@ class ChatRequest:
     include_usage: bool = False
     tools: list[dict[str, Any]] | None = None
     logprobs: bool = False
+    top_logprobs: int = 0
     return_token_ids: bool = False
 
 
@@ -91,6 +93,7 @@ class CompletionRequest:
     stream: bool = False
     include_usage: bool = False
     logprobs: bool = False
+    top_logprobs: int = 0  # ``logprobs: k``: the k likeliest tokens at each position
     return_token_ids: bool = False
 
 
@@ -210,13 +213,10 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         )
     if choice == "none":
         tools = None
-    top = _int(body, "top_logprobs", 0, 20)
-    if top:
-        raise ApiError(
-            "top_logprobs > 0 is not supported: the engine records only the sampled token's logprob",
-            param="top_logprobs",
-            code="unsupported_parameter",
-        )
+    logprobs = _bool(body, "logprobs")
+    top = _int(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
+    if top and not logprobs:
+        raise ApiError("top_logprobs needs logprobs: true", param="top_logprobs", code="invalid_value")
     return ChatRequest(
         model=_model(body),
         messages=messages,
@@ -224,7 +224,8 @@ def parse_chat(body: dict[str, Any]) -> ChatRequest:
         stream=_bool(body, "stream"),
         include_usage=_include_usage(body),
         tools=tools or None,
-        logprobs=_bool(body, "logprobs"),
+        logprobs=logprobs,
+        top_logprobs=top,
         return_token_ids=_bool(body, "return_token_ids"),
     )
 
@@ -249,22 +250,15 @@ def parse_completion(body: dict[str, Any]) -> CompletionRequest:
         prompts = [list(p) for p in prompt]
     else:
         raise ApiError("prompt must be a string, a list of strings, token ids or lists of token ids", param="prompt")
-    logprobs = body.get("logprobs")
-    if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)):
-        raise ApiError(f"logprobs must be an integer, got {logprobs!r}", param="logprobs", code="invalid_type")
-    if logprobs:
-        raise ApiError(
-            "logprobs > 0 is not supported: the engine records only the sampled token's logprob (use logprobs: 0)",
-            param="logprobs",
-            code="unsupported_parameter",
-        )
+    logprobs = _int(body, "logprobs", 0, MAX_TOP_LOGPROBS)
     return CompletionRequest(
         model=_model(body),
         prompts=prompts,
         sampling=_sampling(body),
         stream=_bool(body, "stream"),
         include_usage=_include_usage(body),
-        logprobs=logprobs == 0,
+        logprobs=logprobs is not None,
+        top_logprobs=logprobs or 0,
         return_token_ids=_bool(body, "return_token_ids"),
     )
 
@@ -284,21 +278,31 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-def chat_logprobs(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
+Alternatives = list[list[tuple[str, float]]]  # per token: (text, logprob) of the likeliest tokens
+
+
+def chat_logprobs(tokens: list[str], logprobs: list[float], top: Alternatives | None = None) -> dict[str, Any]:
+    def entry(t: str, lp: float) -> dict[str, Any]:
+        return {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8"))}
+
     return {
         "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-            for t, lp in zip(tokens, logprobs)
+            {**entry(t, lp), "top_logprobs": [entry(a, v) for a, v in top[k]] if top else []}
+            for k, (t, lp) in enumerate(zip(tokens, logprobs))
         ]
     }
 
 
-def completion_logprobs(tokens: list[str], logprobs: list[float]) -> dict[str, Any]:
-    offsets, pos = [], 0
+def completion_logprobs(
+    tokens: list[str], logprobs: list[float], top: Alternatives | None = None, offset: int = 0
+) -> dict[str, Any]:
+    """The legacy shape; ``offset`` is where the first token's text starts (a stream's later chunks)."""
+    offsets, pos = [], offset
     for t in tokens:
         offsets.append(pos)
         pos += len(t)
-    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": offsets}
+    tops = [dict(alts) for alts in top] if top else None
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
 def envelope(kind: str, rid: str, model: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
