@@ -341,6 +341,9 @@ class DecodeSession:
             self.cache.set_rows(old + new)
             self.cache.k[:, old:, :, off:slot] = other.cache.k[:, :, :, :pre]
             self.cache.v[:, old:, :, off:slot] = other.cache.v[:, :, :, :pre]
+            # masked, but read: uninitialised memory may hold NaN, and 0 * NaN is NaN in attention
+            self.cache.k[:, old:, :, :off] = 0
+            self.cache.v[:, old:, :, :off] = 0
             mask = torch.zeros((new, self.mask.shape[1]), dtype=self.dtype, device=self.device)
             mask[:, :off] = float("-inf")
             mask[:, off:slot] = other.mask[:, :pre]
@@ -378,6 +381,8 @@ class DecodeSession:
             dst = end - (part.slot - first)
             cache.k[:, r, :, dst:end] = part.cache.k[:, j, :, first : part.slot]
             cache.v[:, r, :, dst:end] = part.cache.v[:, j, :, first : part.slot]
+            cache.k[:, r, :, :dst] = 0  # masked but read (see join)
+            cache.v[:, r, :, :dst] = 0
             mask[r, :dst] = float("-inf")
             mask[r, dst:end] = part.mask[j, first : part.slot]
         lengths = torch.tensor([part.slot - first for part, _, first in spans], device=self.device)
