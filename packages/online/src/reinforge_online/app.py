@@ -1,0 +1,552 @@
+"""The gateway's ASGI app: ``/v1/chat/completions``, ``/v1/models``, ``/healthz``, ``/metrics`` and feedback.
+
+Fail-open throughout: an unsampled request is a byte-for-byte pass-through; a sampled one
+that the policy cannot answer goes to the upstream instead; a trace the store cannot take
+is dropped (counted) and never delays or fails the response. Only the upstream being
+unreachable is the client's problem (a 502), since the gateway has no one else to ask.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from . import auth, feedback
+from .config import CHAT_ROUTE, OnlineSettings, Secrets
+from .errors import ApiError, parse_json
+from .metrics import Metrics
+from .proxy import Upstream, raw_chunks, request_headers, response_headers
+from .selection import Selection, SelectionRequest, build_selection, session_of
+from .store import CallRecord, StoreUnavailable, TraceStore
+
+__all__ = ["FEEDBACK_ROUTE", "Gateway", "build_app"]
+
+FEEDBACK_ROUTE = "/online/v1/feedback"
+_PATH_KEY = "reinforge_online.path"  # the path a request took, for the request counter
+_log = logging.getLogger("reinforge_online")
+
+
+class _Fallback(Exception):
+    """The policy could not answer: serve the request from the upstream instead."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass
+class _Choice:
+    """One choice of a streamed completion, put back together for the trace."""
+
+    content: list[str] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    finish_reason: str | None = None
+    role: str = "assistant"
+
+    def add(self, choice: dict[str, Any]) -> None:
+        delta = choice.get("delta") or {}
+        if isinstance(delta.get("content"), str):
+            self.content.append(delta["content"])
+        if isinstance(delta.get("role"), str):
+            self.role = delta["role"]
+        for call in delta.get("tool_calls") or ():
+            k = call.get("index", len(self.tool_calls))
+            have = self.tool_calls.get(k)
+            if have is None:
+                self.tool_calls[k] = json.loads(json.dumps(call))
+            else:
+                args = (call.get("function") or {}).get("arguments")
+                if args:
+                    fn = have.setdefault("function", {})
+                    fn["arguments"] = fn.get("arguments", "") + args
+        self.token_ids.extend(choice.get("token_ids") or ())
+        self.logprobs.extend(_logprobs(choice))
+        if choice.get("finish_reason") is not None:
+            self.finish_reason = choice["finish_reason"]
+
+    def message(self) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": self.role, "content": "".join(self.content)}
+        if self.tool_calls:
+            message["tool_calls"] = [
+                {k: v for k, v in c.items() if k != "index"} for _, c in sorted(self.tool_calls.items())
+            ]
+        return message
+
+
+def _logprobs(choice: dict[str, Any]) -> list[float]:
+    content = (choice.get("logprobs") or {}).get("content") or ()
+    return [float(e["logprob"]) for e in content if isinstance(e, dict) and "logprob" in e]
+
+
+def _strip(data: dict[str, Any], token_ids: bool, logprobs: bool) -> dict[str, Any]:
+    """The policy's response without the token ids and logprobs the client did not ask for."""
+    if not token_ids:
+        data.pop("prompt_token_ids", None)
+    for choice in data.get("choices") or ():
+        if not token_ids:
+            choice.pop("token_ids", None)
+            choice.pop("prompt_token_ids", None)
+        if not logprobs and "logprobs" in choice:
+            choice["logprobs"] = None
+    return data
+
+
+class _CountRequests:
+    """ASGI middleware: every response counted by route, the path it took and its status."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = [500]
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            path = scope["path"]
+            route = path if path in _ROUTES else "other"
+            self.metrics.requests.labels(route, scope.get(_PATH_KEY, "gateway"), str(status[0])).inc()
+
+
+_ROUTES = (CHAT_ROUTE, "/v1/models", "/healthz", "/metrics", FEEDBACK_ROUTE)
+
+
+class Gateway:
+    """The routes' state: settings, keys, the upstream and policy clients, selection, store and metrics."""
+
+    def __init__(
+        self,
+        settings: OnlineSettings,
+        secrets: Secrets,
+        *,
+        store: TraceStore | None = None,
+        selection: Selection | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings
+        self.secrets = secrets
+        self.metrics = metrics or Metrics()
+        self.selection = selection or build_selection(settings.selection)
+        s = settings.store
+        self.store = store or TraceStore(
+            s.path,
+            queue_size=s.queue_size,
+            batch_max=s.batch_max,
+            busy_timeout_ms=s.busy_timeout_ms,
+            probe_interval_s=s.probe_interval_s,
+            on_error=self._store_error,
+            on_health=self._store_health,
+        )
+        u = settings.upstream
+        self.upstream = Upstream(u.url, secrets.upstream_key, timeout_s=u.timeout_s, max_connections=u.max_connections)
+        p = settings.policy
+        self.policy = (
+            Upstream(p.url, secrets.policy_key, timeout_s=p.timeout_s, max_connections=p.max_connections)
+            if p is not None
+            else None
+        )
+        self.max_body = settings.limits.max_body_bytes
+
+    def _store_error(self, kind: str) -> None:
+        self.metrics.store_errors.labels(kind).inc()
+
+    def _store_health(self, ok: bool) -> None:
+        self.metrics.store_healthy.set(1 if ok else 0)
+
+    async def aclose(self) -> None:
+        """Close the clients and drain the store (never raises)."""
+        for up in (self.upstream, self.policy):
+            if up is not None:
+                try:
+                    await up.aclose()
+                except Exception:  # noqa: BLE001 - shutting down is best effort
+                    _log.exception("closing an upstream client failed")
+        await asyncio.get_running_loop().run_in_executor(None, self.store.close)
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    async def _read(self, request: Request) -> bytes:
+        too_big = ApiError(
+            f"the request body is over the limit of {self.max_body} bytes", status=413, code="request_too_large"
+        )
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_body:
+            raise too_big
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body:
+                raise too_big
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _select(self, request: Request, body: dict[str, Any]) -> tuple[bool, str | None]:
+        """Whether to sample (never while the store is unhealthy) and the request's session."""
+        session = session_of(request.headers, body, self.settings.selection.session_header)
+        if not self.store.healthy:
+            self.metrics.paused.inc()
+            return False, session
+        try:
+            chosen = bool(self.selection.select(SelectionRequest(CHAT_ROUTE, request.headers, body, session)))
+        except Exception:  # noqa: BLE001 - a broken strategy must not fail traffic: not sampled
+            _log.exception("the selection strategy raised; the request is not sampled")
+            return False, session
+        return chosen, session
+
+    async def _pass_through(
+        self, request: Request, raw: bytes, start: float, path: str = "upstream", method: str = "POST"
+    ) -> Response:
+        """``raw`` to the upstream unchanged; its response back as it comes."""
+        request.scope[_PATH_KEY] = path
+        up = self.upstream
+        req = up.client.build_request(
+            method,
+            up.target(request.url.path),
+            params=request.url.query or None,
+            content=raw if method == "POST" else None,
+            headers=request_headers(request.headers.raw, up.key),
+        )
+        before = time.perf_counter() - start
+        try:
+            resp = await up.client.send(req, stream=True)
+        except httpx.HTTPError as exc:
+            request.scope[_PATH_KEY] = "gateway"
+            raise ApiError(
+                f"the upstream API is unreachable: {type(exc).__name__}: {exc}",
+                status=502,
+                code="upstream_unreachable",
+                kind="server_error",
+            ) from exc
+        out = StreamingResponse(raw_chunks(resp), status_code=resp.status_code)
+        out.raw_headers = response_headers(list(resp.headers.raw))
+        self.metrics.added.labels(path).observe(before)
+        return out
+
+    def _trace_headers(self, trace_id: str) -> dict[str, str]:
+        return {
+            feedback.TRACE_ID_HEADER: trace_id,
+            feedback.FEEDBACK_TOKEN_HEADER: feedback.feedback_token(self.secrets.feedback_secret, trace_id),
+        }
+
+    def _record(self, call: CallRecord) -> bool:
+        """Queue ``call`` for the store; whether it was taken (a drop is counted by the store)."""
+        try:
+            future = self.store.record(call)
+        except StoreUnavailable:
+            return False
+
+        def done(f: Any) -> None:
+            if f.exception() is None:
+                self.metrics.recorded.inc()
+
+        future.add_done_callback(done)
+        return True
+
+    # -- routes --------------------------------------------------------------------------------
+
+    async def chat(self, request: Request) -> Response:
+        start = time.perf_counter()
+        auth.check_traffic(request.headers.get("authorization"), self.secrets.traffic_key)
+        raw = await self._read(request)
+        body = parse_json(raw)
+        sampled, session = self._select(request, body)
+        if not sampled:
+            return await self._pass_through(request, raw, start)
+        self.metrics.sampled.inc()
+        mode = self.settings.mode_of(CHAT_ROUTE)
+        if mode == "record":
+            return await self._sampled(request, raw, body, session, start, self.upstream, mode)
+        assert self.policy is not None  # route mode needs policy: checked with the settings
+        try:
+            return await self._sampled(request, raw, body, session, start, self.policy, mode)
+        except _Fallback as fb:
+            self.metrics.fallbacks.labels(fb.reason).inc()
+            return await self._pass_through(request, raw, start, path="fallback")
+
+    async def _sampled(
+        self,
+        request: Request,
+        raw: bytes,
+        body: dict[str, Any],
+        session: str | None,
+        start: float,
+        up: Upstream,
+        mode: str,
+    ) -> Response:
+        """Ask ``up`` (the policy, or in record mode the upstream) with token ids and logprobs, and record it."""
+        request.scope[_PATH_KEY] = "policy" if mode == "route" else "record"
+        want_ids = body.get("return_token_ids") is True
+        want_logprobs = body.get("logprobs") is True
+        payload = dict(body, return_token_ids=True, logprobs=True)
+        model = self.settings.policy.model if (mode == "route" and self.settings.policy) else None
+        if model:
+            payload["model"] = model
+        stream = body.get("stream") is True
+        if mode == "route":  # the policy gets the gateway's own request
+            headers = up.own_headers()
+        else:  # record: the upstream gets the client's headers, as unsampled requests do
+            headers = {
+                k.decode("latin-1"): v.decode("latin-1") for k, v in request_headers(request.headers.raw, up.key)
+            }
+        req = up.client.build_request("POST", up.target(CHAT_ROUTE), content=json.dumps(payload), headers=headers)
+        before = time.perf_counter() - start
+        sent = time.perf_counter()
+        try:
+            resp = await up.client.send(req, stream=True)
+        except httpx.TimeoutException as exc:
+            if mode == "route":
+                raise _Fallback("timeout") from exc
+            raise self._unreachable(request, exc) from exc
+        except httpx.HTTPError as exc:
+            if mode == "route":
+                raise _Fallback("unreachable") from exc
+            raise self._unreachable(request, exc) from exc
+        if resp.status_code != 200:
+            if mode == "route":
+                await resp.aclose()
+                raise _Fallback("server_error" if resp.status_code >= 500 else "rejected")
+            out = StreamingResponse(raw_chunks(resp), status_code=resp.status_code)  # the upstream's own answer
+            out.raw_headers = response_headers(list(resp.headers.raw))
+            return out
+        trace_id = uuid.uuid4().hex
+        version = resp.headers.get("x-policy-version")
+        record = CallRecord(
+            trace_id=trace_id,
+            call_id=uuid.uuid4().hex,
+            route=CHAT_ROUTE,
+            mode=mode,
+            request=body,
+            response={},
+            session_id=session,
+            policy_version=version,
+        )
+        requested_model = body.get("model")
+        if stream:
+            self.metrics.added.labels(request.scope[_PATH_KEY]).observe(before)
+            chunks = self._relay(resp, record, sent, want_ids, want_logprobs, requested_model if model else None)
+            return StreamingResponse(
+                chunks,
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache", **self._trace_headers(trace_id)},
+            )
+        try:
+            data = json.loads(await resp.aread())
+            choices = data["choices"]
+            first = choices[0] if choices else {}
+        except Exception as exc:  # noqa: BLE001 - not an OpenAI response
+            if mode == "route":
+                raise _Fallback("bad_response") from exc
+            raise ApiError("the upstream's response is not an OpenAI chat completion", status=502) from exc
+        finally:
+            await resp.aclose()
+        after = time.perf_counter()
+        record.prompt_token_ids = data.get("prompt_token_ids")
+        record.token_ids = first.get("token_ids")
+        record.logprobs = _logprobs(first) or None
+        record.timing = {"received_at": time.time() - (after - start), "upstream_s": after - sent}
+        client_data = _strip(data, want_ids, want_logprobs)
+        if model and requested_model is not None:
+            client_data["model"] = requested_model
+        record.response = client_data
+        recorded = self._record(record)
+        out_headers = self._trace_headers(trace_id) if recorded else {}
+        response = JSONResponse(client_data, headers=out_headers)
+        self.metrics.added.labels(request.scope[_PATH_KEY]).observe(before + time.perf_counter() - after)
+        return response
+
+    def _unreachable(self, request: Request, exc: Exception) -> ApiError:
+        request.scope[_PATH_KEY] = "gateway"
+        return ApiError(
+            f"the upstream API is unreachable: {type(exc).__name__}: {exc}",
+            status=502,
+            code="upstream_unreachable",
+            kind="server_error",
+        )
+
+    async def _relay(
+        self,
+        resp: httpx.Response,
+        record: CallRecord,
+        sent: float,
+        want_ids: bool,
+        want_logprobs: bool,
+        model: str | None,
+    ) -> AsyncIterator[bytes]:
+        """The policy's SSE stream to the client, extra fields stripped; recorded once it completed."""
+        choices: dict[int, _Choice] = {}
+        meta: dict[str, Any] = {}
+        done = False
+        first_at: float | None = None
+        buffer = b""
+        try:
+            async for piece in resp.aiter_bytes():
+                buffer += piece.replace(b"\r\n", b"\n")
+                while b"\n\n" in buffer:
+                    event, buffer = buffer.split(b"\n\n", 1)
+                    data = b"\n".join(line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:"))
+                    if not data:
+                        continue
+                    if data == b"[DONE]":
+                        done = True
+                        yield b"data: [DONE]\n\n"
+                        continue
+                    try:
+                        chunk = json.loads(data)
+                    except json.JSONDecodeError:
+                        yield event + b"\n\n"
+                        continue
+                    if first_at is None:
+                        first_at = time.perf_counter()
+                    if "prompt_token_ids" in chunk and record.prompt_token_ids is None:
+                        record.prompt_token_ids = chunk["prompt_token_ids"]
+                    for key in ("id", "created", "model", "usage", "system_fingerprint"):
+                        if chunk.get(key) is not None:
+                            meta[key] = chunk[key]
+                    for c in chunk.get("choices") or ():
+                        choices.setdefault(int(c.get("index", 0)), _Choice()).add(c)
+                    out = _strip(chunk, want_ids, want_logprobs)
+                    if model is not None and "model" in out:
+                        out["model"] = model
+                    yield b"data: " + json.dumps(out).encode() + b"\n\n"
+        except httpx.HTTPError:
+            _log.warning("the policy's stream broke off; the call is not recorded")
+            return
+        finally:
+            await resp.aclose()
+        if not done or not choices:
+            return
+        end = time.perf_counter()
+        first = choices.get(0) or next(iter(choices.values()))
+        record.token_ids = first.token_ids or None
+        record.logprobs = first.logprobs or None
+        record.timing = {
+            "received_at": time.time() - (end - sent),
+            "upstream_s": end - sent,
+            "ttft_s": (first_at or end) - sent,
+        }
+        record.response = {
+            "id": meta.get("id"),
+            "object": "chat.completion",
+            "created": meta.get("created"),
+            "model": model or meta.get("model"),
+            "choices": [
+                {"index": i, "message": c.message(), "finish_reason": c.finish_reason}
+                for i, c in sorted(choices.items())
+            ],
+            "usage": meta.get("usage"),
+        }
+        self._record(record)
+
+    async def models(self, request: Request) -> Response:
+        auth.check_traffic(request.headers.get("authorization"), self.secrets.traffic_key)
+        return await self._pass_through(request, b"", time.perf_counter(), method="GET")
+
+    async def healthz(self, request: Request) -> Response:
+        healthy = self.store.healthy
+        return JSONResponse({"status": "ok", "store": "ok" if healthy else "unhealthy", "sampling": healthy})
+
+    async def metrics_text(self, request: Request) -> Response:
+        auth.check_admin(request.headers.get("authorization"), self.secrets.admin_key)
+        return Response(self.metrics.render(), media_type=self.metrics.content_type)
+
+    async def post_feedback(self, request: Request) -> Response:
+        """``POST /online/v1/feedback {trace_id, reward, idempotency_key}`` with the trace's feedback token."""
+        try:
+            outcome = await self._feedback(request)
+        except ApiError as exc:
+            self.metrics.feedback.labels(str(exc.status)).inc()
+            raise
+        self.metrics.feedback.labels(str(outcome.status)).inc()
+        return JSONResponse(outcome.body, status_code=outcome.status)
+
+    async def _feedback(self, request: Request) -> feedback.FeedbackOutcome:
+        body = parse_json(await self._read(request))
+        req = feedback.parse(body)
+        token = request.headers.get(feedback.FEEDBACK_TOKEN_HEADER) or body.get("feedback_token")
+        feedback.check_token(self.secrets.feedback_secret, req.trace_id, token if isinstance(token, str) else None)
+        f = self.settings.feedback
+        reward = feedback.clamp(req.reward, f.reward_min, f.reward_max)
+        conflict = f.conflict
+        try:
+            future = self.store.submit(lambda db: feedback.apply_feedback(db, req, reward, conflict))
+            outcome: feedback.FeedbackOutcome = await asyncio.wrap_future(future)
+        except StoreUnavailable as exc:
+            raise ApiError(f"feedback cannot be stored right now: {exc}", status=503, code="store_unavailable") from exc
+        return outcome
+
+
+async def _api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ApiError)
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    error = ApiError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code, kind=kind)
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+def build_app(
+    settings: OnlineSettings,
+    secrets: Secrets,
+    *,
+    store: TraceStore | None = None,
+    selection: Selection | None = None,
+    metrics: Metrics | None = None,
+) -> Starlette:
+    """The gateway's ASGI app; its lifespan closes the clients and drains the store at shutdown.
+
+    ``app.state.gateway`` is the :class:`Gateway` (its ``store`` and ``metrics`` included).
+    """
+    gw = Gateway(settings, secrets, store=store, selection=selection, metrics=metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await gw.aclose()
+
+    handlers: dict[Any, Callable[[Request, Exception], Awaitable[Response]]] = {
+        ApiError: _api_error,
+        HTTPException: _http_error,
+    }
+    app = Starlette(
+        routes=[
+            Route(CHAT_ROUTE, gw.chat, methods=["POST"]),
+            Route("/v1/models", gw.models, methods=["GET"]),
+            Route("/healthz", gw.healthz, methods=["GET"]),
+            Route("/metrics", gw.metrics_text, methods=["GET"]),
+            Route(FEEDBACK_ROUTE, gw.post_feedback, methods=["POST"]),
+        ],
+        exception_handlers=handlers,
+        lifespan=lifespan,
+    )
+    app.state.gateway = gw
+    app.add_middleware(_CountRequests, metrics=gw.metrics)
+    return app

@@ -1,0 +1,263 @@
+"""``online.yaml``: the gateway's settings, checked by core's settings checker.
+
+Every problem names the file and the dotted key (``online.yaml: selection.sampling_rate:
+must be in [0, 1], got 1.5``), before anything binds or connects. Secrets are never in the
+file: it names the environment variables that hold them, read by :func:`resolve_secrets`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from reinforge.plugin import ConfigError, FieldError, Settings, at_least, in_range, load_settings, one_of
+
+__all__ = [
+    "CHAT_ROUTE",
+    "MODES",
+    "AuthSettings",
+    "FeedbackSettings",
+    "LimitSettings",
+    "ListenSettings",
+    "OnlineSettings",
+    "PolicySettings",
+    "Secrets",
+    "SelectionSettings",
+    "StoreSettings",
+    "UpstreamSettings",
+    "load_config",
+    "resolve_secrets",
+]
+
+CHAT_ROUTE = "/v1/chat/completions"
+ROUTES = (CHAT_ROUTE,)  # the routes a mode applies to: the ones that generate
+MODES = ("route", "record")
+NOT_YET = {"shadow": "shadow mode is not implemented yet in reinforge-online 0.1 (use route or record)"}
+CONFLICT_POLICIES = ("first-wins", "last-before-commit")
+
+
+def _mode(key: str, value: str) -> None:
+    if value in NOT_YET:
+        raise FieldError(key, NOT_YET[value])
+    one_of(key, value, MODES)
+
+
+def _url(key: str, value: str) -> None:
+    if not value.startswith(("http://", "https://")):
+        raise FieldError(key, f"expected an http:// or https:// URL, got {value!r}")
+
+
+@dataclass
+class ListenSettings(Settings):
+    """Where the gateway binds: loopback unless a deployment says otherwise."""
+
+    host: str = "127.0.0.1"
+    port: int = 8100
+
+    def check(self) -> None:
+        in_range("port", self.port, 0, 65535)
+
+
+@dataclass
+class AuthSettings(Settings):
+    """Names of the environment variables holding the keys (never the keys themselves)."""
+
+    traffic_key_env: str | None = None
+    admin_key_env: str | None = None
+    feedback_secret_env: str | None = None
+
+
+@dataclass
+class UpstreamSettings(Settings):
+    """The original OpenAI-compatible API that unsampled traffic goes to."""
+
+    url: str = ""
+    key_env: str | None = None
+    timeout_s: float = 600.0
+    max_connections: int = 256
+
+    def check(self) -> None:
+        _url("url", self.url)
+        at_least("timeout_s", self.timeout_s, 0.0, strict=True)
+        at_least("max_connections", self.max_connections, 1)
+
+
+@dataclass
+class PolicySettings(Settings):
+    """The policy under training: a ``reinforge serve`` endpoint (``model`` replaces the client's model name)."""
+
+    url: str = ""
+    key_env: str | None = None
+    model: str | None = None
+    timeout_s: float = 600.0
+    max_connections: int = 64
+
+    def check(self) -> None:
+        _url("url", self.url)
+        at_least("timeout_s", self.timeout_s, 0.0, strict=True)
+        at_least("max_connections", self.max_connections, 1)
+
+
+@dataclass
+class SelectionSettings(Settings):
+    """Which requests are sampled: ``sampling_rate``, ``explicit`` or a strategy a plugin registers."""
+
+    strategy: str = "sampling_rate"
+    sampling_rate: float = 0.0
+    salt: str = ""
+    header: str = "x-reinforge-sample"
+    session_header: str = "x-session-id"
+    args: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        in_range("sampling_rate", self.sampling_rate, 0.0, 1.0)
+        if not self.strategy.strip():
+            raise FieldError("strategy", "must not be empty")
+
+
+@dataclass
+class StoreSettings(Settings):
+    """The trace store: a SQLite file (WAL) and its writer thread's queue."""
+
+    path: str = "traces.sqlite"
+    queue_size: int = 10000
+    batch_max: int = 512
+    busy_timeout_ms: int = 1000
+    probe_interval_s: float = 1.0
+
+    def check(self) -> None:
+        if not self.path.strip():
+            raise FieldError("path", "must not be empty")
+        at_least("queue_size", self.queue_size, 1)
+        at_least("batch_max", self.batch_max, 1)
+        at_least("busy_timeout_ms", self.busy_timeout_ms, 0)
+        at_least("probe_interval_s", self.probe_interval_s, 0.0, strict=True)
+
+
+@dataclass
+class LimitSettings(Settings):
+    """Request limits enforced before anything is forwarded."""
+
+    max_body_bytes: int = 4 * 2**20
+
+    def check(self) -> None:
+        at_least("max_body_bytes", self.max_body_bytes, 1)
+
+
+@dataclass
+class FeedbackSettings(Settings):
+    """Delayed rewards: the conflict policy and the declared range (rewards outside are clamped)."""
+
+    conflict: str = "first-wins"
+    reward_min: float | None = None
+    reward_max: float | None = None
+
+    def check(self) -> None:
+        one_of("conflict", self.conflict, CONFLICT_POLICIES)
+        if self.reward_min is not None and self.reward_max is not None and self.reward_min > self.reward_max:
+            raise FieldError("reward_max", f"must be at least reward_min ({self.reward_min}), got {self.reward_max}")
+
+
+@dataclass
+class OnlineSettings(Settings):
+    """The whole ``online.yaml``."""
+
+    upstream: UpstreamSettings
+    policy: PolicySettings | None = None
+    listen: ListenSettings = field(default_factory=ListenSettings)
+    auth: AuthSettings = field(default_factory=AuthSettings)
+    dev: bool = False
+    mode: str = "route"
+    routes: dict[str, str] = field(default_factory=dict)
+    selection: SelectionSettings = field(default_factory=SelectionSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
+    limits: LimitSettings = field(default_factory=LimitSettings)
+    feedback: FeedbackSettings = field(default_factory=FeedbackSettings)
+
+    def check(self) -> None:
+        _mode("mode", self.mode)
+        for route, mode in self.routes.items():
+            if route not in ROUTES:
+                raise FieldError(f"routes.{route}", f"not a route with a mode; the routes are {list(ROUTES)}")
+            _mode(f"routes.{route}", mode)
+        if "route" in self.modes() and self.policy is None:
+            raise FieldError("policy", "route mode needs policy.url (a `reinforge serve` endpoint)")
+        a = self.auth
+        if not self.dev:
+            for key in ("traffic_key_env", "admin_key_env", "feedback_secret_env"):
+                if not getattr(a, key):
+                    raise FieldError(f"auth.{key}", "is required unless dev: true (no anonymous gateway)")
+        if a.traffic_key_env and a.traffic_key_env == a.admin_key_env:
+            raise FieldError("auth.admin_key_env", "must name another variable than auth.traffic_key_env")
+
+    def mode_of(self, route: str) -> str:
+        """The mode of ``route``: its own entry under ``routes``, else ``mode``."""
+        return self.routes.get(route, self.mode)
+
+    def modes(self) -> set[str]:
+        return {self.mode_of(r) for r in ROUTES}
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """The keys read from the environment (``None``: that check is off, only with ``dev``)."""
+
+    traffic_key: str | None
+    admin_key: str | None
+    feedback_secret: bytes
+    upstream_key: str | None
+    policy_key: str | None
+
+
+def _env(name: str | None, key: str, where: str) -> str | None:
+    if not name:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"{where}: {key}: the environment variable {name} is not set or empty")
+    return value
+
+
+def resolve_secrets(settings: OnlineSettings, where: str = "online.yaml") -> Secrets:
+    """Read the keys the settings name; the admin key must differ from the traffic key.
+
+    With ``dev`` and no ``auth.feedback_secret_env`` the feedback secret is random per
+    process, so feedback tokens do not survive a restart.
+    """
+    a = settings.auth
+    traffic = _env(a.traffic_key_env, "auth.traffic_key_env", where)
+    admin = _env(a.admin_key_env, "auth.admin_key_env", where)
+    if admin is not None and admin == traffic:
+        raise ConfigError(f"{where}: auth.admin_key_env: the admin key must differ from the traffic key")
+    secret = _env(a.feedback_secret_env, "auth.feedback_secret_env", where)
+    upstream = _env(settings.upstream.key_env, "upstream.key_env", where)
+    policy = _env(settings.policy.key_env, "policy.key_env", where) if settings.policy else None
+    return Secrets(
+        traffic_key=traffic,
+        admin_key=admin,
+        feedback_secret=secret.encode() if secret else secrets.token_bytes(32),
+        upstream_key=upstream,
+        policy_key=policy,
+    )
+
+
+def load_config(path: str | Path) -> OnlineSettings:
+    """Read and check ``online.yaml``; a relative ``store.path`` is relative to the file's folder."""
+    import yaml
+
+    file = Path(path)
+    where = str(file)
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+    settings = load_settings(OnlineSettings, data, where=where)
+    store = Path(settings.store.path).expanduser()
+    if not store.is_absolute():
+        settings.store.path = str((file.parent / store).resolve())
+    return settings

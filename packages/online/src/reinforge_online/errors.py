@@ -1,0 +1,39 @@
+"""OpenAI-style errors: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["ApiError", "parse_json"]
+
+
+class ApiError(Exception):
+    """An error the gateway itself answers (the upstream's own errors pass through untouched)."""
+
+    def __init__(
+        self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None, kind: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def encoded(self) -> bytes:
+        return json.dumps(self.body()).encode()
+
+
+def parse_json(raw: bytes) -> dict[str, Any]:
+    """The request body as a JSON object, or a 400."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ApiError(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
+    if not isinstance(body, dict):
+        raise ApiError("the request body must be a JSON object", code="invalid_json")
+    return body

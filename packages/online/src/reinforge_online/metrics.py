@@ -1,0 +1,50 @@
+"""Prometheus metrics of one gateway (its own registry, so several gateways in one process do not mix)."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+__all__ = ["Metrics"]
+
+_ADDED = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class Metrics:
+    """Counters by route, path taken (upstream, policy, record, fallback, gateway) and status."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            "reinforge_online_requests",
+            "requests by route, the path taken (upstream, policy, record, fallback, gateway) and status",
+            ["route", "path", "status"],
+            registry=r,
+        )
+        self.sampled = Counter("reinforge_online_sampled", "requests selected for the policy or recording", registry=r)
+        self.paused = Counter(
+            "reinforge_online_sampling_paused",
+            "requests not offered to selection because the store was unhealthy",
+            registry=r,
+        )
+        self.fallbacks = Counter(
+            "reinforge_online_fallbacks", "sampled requests answered by the upstream instead", ["reason"], registry=r
+        )
+        self.store_errors = Counter(
+            "reinforge_online_store_errors", "trace writes dropped (queue_full, write_failed)", ["kind"], registry=r
+        )
+        self.recorded = Counter("reinforge_online_recorded_calls", "calls acknowledged by the store", registry=r)
+        self.store_healthy = Gauge("reinforge_online_store_healthy", "1 while the trace store takes writes", registry=r)
+        self.store_healthy.set(1)
+        self.feedback = Counter("reinforge_online_feedback", "feedback requests by status", ["status"], registry=r)
+        self.added = Histogram(
+            "reinforge_online_added_latency_seconds",
+            "time spent in the gateway itself (before forwarding and after the response arrived), by path",
+            ["path"],
+            buckets=_ADDED,
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

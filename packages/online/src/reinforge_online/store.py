@@ -1,0 +1,418 @@
+"""The trace store: SQLite in WAL mode, written by one thread with group commit.
+
+Requests never wait on the disk: they hand a write to :meth:`TraceStore.submit` (a
+bounded queue) and go on. The writer thread takes every queued write it can (up to
+``batch_max``), runs them in one transaction and commits; a write is *acknowledged*
+(its future resolves) only once that transaction committed, so an acknowledged trace
+survives a crash of the process. Each write runs inside its own savepoint, so one
+failing write does not undo the others of its group.
+
+A full queue or a failed commit (locked or broken database) marks the store unhealthy:
+the write is dropped and counted, the gateway stops sampling, and the writer probes with
+a small write every ``probe_interval_s`` until one commits. Everything is JSON text
+(``json.dumps``), never pickle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = ["SCHEMA_VERSION", "CallRecord", "StoreUnavailable", "TraceStore"]
+
+SCHEMA_VERSION = 1
+T = TypeVar("T")
+Write = Callable[[sqlite3.Connection], Any]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS traces (
+    trace_id TEXT PRIMARY KEY,
+    session_id TEXT,
+    route TEXT NOT NULL,
+    mode TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    status TEXT NOT NULL DEFAULT 'open',
+    batch_id TEXT,
+    data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS calls (
+    call_id TEXT PRIMARY KEY,
+    trace_id TEXT NOT NULL REFERENCES traces(trace_id),
+    created_at REAL NOT NULL,
+    policy_version TEXT,
+    request TEXT NOT NULL,
+    response TEXT NOT NULL,
+    prompt_token_ids TEXT,
+    token_ids TEXT,
+    logprobs TEXT,
+    timing TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS calls_by_trace ON calls(trace_id);
+CREATE TABLE IF NOT EXISTS rewards (
+    trace_id TEXT PRIMARY KEY REFERENCES traces(trace_id),
+    reward REAL NOT NULL,
+    source TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS feedback (
+    trace_id TEXT NOT NULL,
+    idempotency_key TEXT NOT NULL,
+    status INTEGER NOT NULL,
+    body TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (trace_id, idempotency_key)
+);
+CREATE TABLE IF NOT EXISTS batches (
+    batch_id TEXT PRIMARY KEY,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    traces INTEGER NOT NULL,
+    target TEXT
+);
+"""
+
+
+class StoreUnavailable(Exception):
+    """The write was not accepted (queue full, store closed or unhealthy) or did not commit."""
+
+
+@dataclass
+class CallRecord:
+    """One model call of a sampled request, as it is stored (all plain JSON data)."""
+
+    trace_id: str
+    call_id: str
+    route: str
+    mode: str
+    request: dict[str, Any]
+    response: dict[str, Any]
+    session_id: str | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    policy_version: str | None = None
+    timing: dict[str, float] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+
+    def write(self, db: sqlite3.Connection) -> None:
+        db.execute(
+            "INSERT OR IGNORE INTO traces (trace_id, session_id, route, mode, created_at) VALUES (?, ?, ?, ?, ?)",
+            (self.trace_id, self.session_id, self.route, self.mode, self.created_at),
+        )
+        db.execute(
+            "INSERT INTO calls (call_id, trace_id, created_at, policy_version, request, response, prompt_token_ids,"
+            " token_ids, logprobs, timing) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                self.call_id,
+                self.trace_id,
+                self.created_at,
+                self.policy_version,
+                _dumps(self.request),
+                _dumps(self.response),
+                _dumps_opt(self.prompt_token_ids),
+                _dumps_opt(self.token_ids),
+                _dumps_opt(self.logprobs),
+                _dumps(self.timing),
+            ),
+        )
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def _dumps_opt(value: Any) -> str | None:
+    return None if value is None else _dumps(value)
+
+
+def _loads_opt(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def connect(path: str, busy_timeout_ms: int = 1000) -> sqlite3.Connection:
+    """A connection in WAL mode with the schema in place (autocommit: transactions are explicit)."""
+    db = sqlite3.connect(path, timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False)
+    db.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+    mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        db.close()
+        raise sqlite3.OperationalError(f"{path}: cannot switch the database to WAL mode (got {mode})")
+    db.execute("PRAGMA synchronous = FULL")  # acknowledged means on disk, power loss included
+    db.execute("PRAGMA foreign_keys = ON")
+    return db
+
+
+def _migrate(db: sqlite3.Connection, path: str) -> None:
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        for statement in _SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise sqlite3.DatabaseError(
+                f"{path}: schema version {row[0]} is newer than this reinforge-online's ({SCHEMA_VERSION})"
+            )
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
+@dataclass
+class _Item:
+    write: Write
+    future: Future[Any]
+
+
+_STOP = object()
+
+
+class TraceStore:
+    """Durable traces in one SQLite file; writes go through :meth:`submit` (see the module docstring).
+
+    :param on_error: called with ``"queue_full"`` or ``"write_failed"`` whenever a write is dropped
+        (the gateway counts them in its metrics).
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        queue_size: int = 10000,
+        batch_max: int = 512,
+        busy_timeout_ms: int = 1000,
+        probe_interval_s: float = 1.0,
+        on_error: Callable[[str], None] | None = None,
+        on_health: Callable[[bool], None] | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.batch_max = batch_max
+        self.probe_interval_s = probe_interval_s
+        self.busy_timeout_ms = busy_timeout_ms
+        self._on_error = on_error or (lambda kind: None)
+        self._on_health = on_health or (lambda ok: None)
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=queue_size)
+        self._healthy = True
+        self._health = threading.Condition()
+        self._closed = False
+        self._db = connect(self.path, busy_timeout_ms)
+        _migrate(self._db, self.path)
+        self._reader = connect(self.path, busy_timeout_ms)
+        self._read_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="reinforge-online-store", daemon=True)
+        self._thread.start()
+
+    # -- health --------------------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """Whether writes are accepted (the gateway samples only while this holds)."""
+        return self._healthy and not self._closed
+
+    def _set_healthy(self, ok: bool) -> None:
+        with self._health:
+            changed = ok != self._healthy
+            self._healthy = ok
+            self._health.notify_all()
+        if changed:
+            self._on_health(ok)
+
+    def wait_healthy(self, healthy: bool = True, timeout: float | None = None) -> bool:
+        """Wait until the store's health is ``healthy``; whether it is."""
+        with self._health:
+            return self._health.wait_for(lambda: self._healthy == healthy, timeout)
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def submit(self, write: Write) -> Future[Any]:
+        """Queue ``write(db)`` for the writer thread; its future resolves once its transaction committed.
+
+        :raises StoreUnavailable: the store is closed, unhealthy or its queue is full (the write is dropped).
+        """
+        if self._closed:
+            raise StoreUnavailable("the trace store is closed")
+        if not self._healthy:
+            raise StoreUnavailable("the trace store is unhealthy (writes paused until a probe write succeeds)")
+        future: Future[Any] = Future()
+        try:
+            self._queue.put_nowait(_Item(write, future))
+        except queue.Full:
+            self._on_error("queue_full")
+            self._set_healthy(False)
+            raise StoreUnavailable("the trace store's write queue is full") from None
+        return future
+
+    def record(self, call: CallRecord) -> Future[Any]:
+        """Queue one call (and its trace row) for writing; see :meth:`submit`."""
+        return self.submit(call.write)
+
+    def _run(self) -> None:
+        while True:
+            timeout = None if self._healthy else self.probe_interval_s
+            try:
+                first = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                self._probe()
+                continue
+            if first is _STOP:
+                return
+            items = [first]
+            stop = False
+            while len(items) < self.batch_max:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop = True
+                    break
+                items.append(nxt)
+            self._commit(items)
+            if not self._healthy:
+                self._probe()
+            if stop:
+                return
+
+    def _commit(self, items: list[_Item]) -> None:
+        db = self._db
+        results: list[tuple[bool, Any]] = []
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                for item in items:
+                    db.execute("SAVEPOINT one")
+                    try:
+                        results.append((True, item.write(db)))
+                        db.execute("RELEASE one")
+                    except sqlite3.OperationalError:
+                        raise  # the database's problem, not this write's: the group fails
+                    except Exception as exc:  # noqa: BLE001 - this write's own failure, handed to its caller
+                        db.execute("ROLLBACK TO one")
+                        db.execute("RELEASE one")
+                        results.append((False, exc))
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+        except Exception as exc:  # noqa: BLE001 - locked, full or broken: nothing of the group committed
+            self._on_error("write_failed")
+            self._set_healthy(False)
+            for item in items:
+                item.future.set_exception(StoreUnavailable(f"the trace store could not commit: {exc}"))
+            return
+        for item, (ok, value) in zip(items, results):
+            if ok:
+                item.future.set_result(value)
+            else:
+                item.future.set_exception(value)
+
+    def _probe(self) -> None:
+        """A small write; when it commits the store is healthy again."""
+        if self._closed:
+            return
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_probe', ?)", (str(time.time()),)
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise
+        except Exception:  # noqa: BLE001 - still unhealthy; the next probe tries again
+            return
+        self._set_healthy(True)
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Write what is queued (within ``timeout``), stop the writer, close the files; whether it drained.
+
+        Never raises: a gateway's shutdown must not fail because its store did.
+        """
+        if self._closed:
+            return True
+        self._closed = True
+        drained = True
+        try:
+            self._queue.put(_STOP, timeout=timeout)
+        except queue.Full:
+            drained = False
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False  # the writer is stuck in the database; leave its connection to it
+        for db in (self._db, self._reader):
+            with contextlib.suppress(Exception):  # closing is best effort
+                db.close()
+        return drained
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._read_lock:
+            return list(self._reader.execute(sql, args).fetchall())
+
+    def trace(self, trace_id: str) -> dict[str, Any] | None:
+        """A trace with its calls and reward, as plain data; None when it is not stored."""
+        rows = self._read(
+            "SELECT trace_id, session_id, route, mode, created_at, status, batch_id FROM traces WHERE trace_id = ?",
+            (trace_id,),
+        )
+        if not rows:
+            return None
+        tid, session, route, mode, created, status, batch = rows[0]
+        calls = [
+            {
+                "call_id": c[0],
+                "created_at": c[1],
+                "policy_version": c[2],
+                "request": json.loads(c[3]),
+                "response": json.loads(c[4]),
+                "prompt_token_ids": _loads_opt(c[5]),
+                "token_ids": _loads_opt(c[6]),
+                "logprobs": _loads_opt(c[7]),
+                "timing": json.loads(c[8]),
+            }
+            for c in self._read(
+                "SELECT call_id, created_at, policy_version, request, response, prompt_token_ids, token_ids, logprobs,"
+                " timing FROM calls WHERE trace_id = ? ORDER BY created_at, rowid",
+                (trace_id,),
+            )
+        ]
+        reward = self._read("SELECT reward, source FROM rewards WHERE trace_id = ?", (trace_id,))
+        return {
+            "trace_id": tid,
+            "session_id": session,
+            "route": route,
+            "mode": mode,
+            "created_at": created,
+            "status": status,
+            "batch_id": batch,
+            "calls": calls,
+            "reward": reward[0][0] if reward else None,
+            "reward_source": reward[0][1] if reward else None,
+        }
+
+    def trace_ids(self) -> list[str]:
+        """Every stored trace id, oldest first."""
+        return [r[0] for r in self._read("SELECT trace_id FROM traces ORDER BY created_at, rowid")]
+
+    def count(self, table: str) -> int:
+        """Rows of one of the store's tables."""
+        if table not in ("traces", "calls", "rewards", "feedback", "batches"):
+            raise ValueError(f"not a table of the trace store: {table!r}")
+        return int(self._read(f"SELECT COUNT(*) FROM {table}")[0][0])  # a checked table name

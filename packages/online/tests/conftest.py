@@ -1,0 +1,65 @@
+"""Shared setup: the testing kit's fixtures, the fake upstream and policy on uvicorn, a gateway factory."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reinforge.testing.plugin import reinforge_pm  # noqa: F401
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+from online_testlib import SECRETS, BackgroundServer, FakePolicy, FakeUpstream, settings  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Iterator[tuple[FakeUpstream, BackgroundServer]]:
+    fake = FakeUpstream()
+    with BackgroundServer(fake.app()) as server:
+        yield fake, server
+
+
+@pytest.fixture(scope="session")
+def policy() -> Iterator[tuple[FakePolicy, BackgroundServer]]:
+    fake = FakePolicy()
+    with BackgroundServer(fake.app()) as server:
+        yield fake, server
+
+
+@pytest.fixture
+def fakes(upstream: Any, policy: Any) -> Iterator[tuple[FakeUpstream, FakePolicy]]:
+    for fake in (upstream[0], policy[0]):
+        fake.requests.clear()
+        fake.fail = False
+    yield upstream[0], policy[0]
+    for fake in (upstream[0], policy[0]):
+        fake.fail = False
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, upstream: Any, policy: Any, fakes: Any) -> Iterator[Callable[..., BackgroundServer]]:
+    """``gateway(**overrides)``: a gateway on uvicorn in front of the fakes (stopped at the test's end)."""
+    from reinforge_online.app import build_app
+
+    started: list[BackgroundServer] = []
+
+    def start(*, upstream_url: str | None = None, policy_url: str | None = None, **overrides: Any) -> BackgroundServer:
+        s = settings(
+            upstream_url or upstream[1].v1,
+            policy_url or policy[1].v1,
+            tmp_path / f"traces{len(started)}.sqlite",
+            **overrides,
+        )
+        server = BackgroundServer(build_app(s, SECRETS)).__enter__()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.__exit__(None, None, None)

@@ -1,0 +1,228 @@
+"""Real parts for the gateway's tests: a fake upstream, a fake policy, uvicorn servers in threads."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from reinforge.plugin import load_settings
+from reinforge_online.config import OnlineSettings, Secrets
+
+TRAFFIC_KEY = "traffic-key"
+ADMIN_KEY = "admin-key"
+UPSTREAM_KEY = "upstream-key"
+SECRET = b"feedback-secret"
+
+# odd spacing on purpose: a re-serialised body would not be byte-identical
+UPSTREAM_BODY = (
+    b'{"id":"chatcmpl-up1",  "object":"chat.completion","created":1700000000,"model":"gpt-up",'
+    b'"choices":[{"index":0,"message":{"role":"assistant","content":"from the upstream \\u00e9"},'
+    b'"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":4,"total_tokens":9}}'
+)
+UPSTREAM_CHUNKS = [
+    b'data: {"id":"chatcmpl-up2","object":"chat.completion.chunk","created":1700000000,"model":"gpt-up",'
+    b'"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}\n\n',
+    b'data: {"id":"chatcmpl-up2","object":"chat.completion.chunk","created":1700000000,"model":"gpt-up",'
+    b'"choices":[{"index":0,"delta":{"content":"up "},"finish_reason":null}]}\n\n',
+    b'data: {"id":"chatcmpl-up2","object":"chat.completion.chunk","created":1700000000,"model":"gpt-up",'
+    b'"choices":[{"index":0,"delta":{"content":"stream"},"finish_reason":null}]}\n\n',
+    b'data: {"id":"chatcmpl-up2","object":"chat.completion.chunk","created":1700000000,"model":"gpt-up",'
+    b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+MODELS_BODY = b'{"object":"list","data":[{"id":"gpt-up","object":"model","created":1,"owned_by":"up"}]}'
+
+POLICY_TOKENS = [101, 102, 103]
+POLICY_PIECES = ["po", "li", "cy"]
+POLICY_LOGPROBS = [-0.5, -0.25, -0.125]
+POLICY_PROMPT_IDS = [1, 2, 3, 4]
+POLICY_VERSION = "7"
+
+
+class Fake:
+    """A fake OpenAI API on starlette: it keeps every request it got; ``fail`` makes it answer 500."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict[str, str], bytes]] = []
+        self.fail = False
+
+    async def _record(self, request: Request) -> bytes:
+        raw = await request.body()
+        self.requests.append(({k.lower(): v for k, v in request.headers.items()}, raw))
+        return raw
+
+    def bodies(self) -> list[dict[str, Any]]:
+        return [json.loads(raw) for _, raw in self.requests if raw]
+
+
+class FakeUpstream(Fake):
+    def app(self) -> Starlette:
+        async def chat(request: Request) -> Response:
+            raw = await self._record(request)
+            if self.fail:
+                return JSONResponse({"error": {"message": "upstream broke"}}, status_code=500)
+            if json.loads(raw).get("stream"):
+
+                async def chunks() -> AsyncIterator[bytes]:
+                    for c in UPSTREAM_CHUNKS:
+                        yield c
+
+                return StreamingResponse(
+                    chunks(), media_type="text/event-stream", headers={"x-upstream": "yes", "x-request-id": "r1"}
+                )
+            return Response(
+                UPSTREAM_BODY, media_type="application/json", headers={"x-upstream": "yes", "x-request-id": "r1"}
+            )
+
+        async def models(request: Request) -> Response:
+            await self._record(request)
+            return Response(MODELS_BODY, media_type="application/json")
+
+        return Starlette(
+            routes=[
+                Route("/v1/chat/completions", chat, methods=["POST"]),
+                Route("/v1/models", models, methods=["GET"]),
+            ]
+        )
+
+
+def _logprobs(i: int) -> dict[str, Any]:
+    return {"content": [{"token": POLICY_PIECES[i], "logprob": POLICY_LOGPROBS[i], "bytes": None, "top_logprobs": []}]}
+
+
+class FakePolicy(Fake):
+    """Answers like ``reinforge serve``: ``prompt_token_ids``, per-choice ``token_ids`` and logprobs on request."""
+
+    def app(self) -> Starlette:
+        async def chat(request: Request) -> Response:
+            raw = await self._record(request)
+            if self.fail:
+                return JSONResponse({"error": {"message": "policy broke"}}, status_code=503)
+            body = json.loads(raw)
+            ids, lp = body.get("return_token_ids"), body.get("logprobs")
+            headers = {"x-policy-version": POLICY_VERSION}
+            if body.get("stream"):
+
+                async def chunks() -> AsyncIterator[bytes]:
+                    def env(choices: list[dict[str, Any]], **extra: Any) -> bytes:
+                        c = {"id": "chatcmpl-pol", "object": "chat.completion.chunk", "created": 1, "model": "pol"}
+                        return b"data: " + json.dumps({**c, "choices": choices, **extra}).encode() + b"\n\n"
+
+                    first = {"prompt_token_ids": POLICY_PROMPT_IDS} if ids else {}
+                    yield env([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None}], **first)
+                    for i, t in enumerate(POLICY_TOKENS):
+                        c: dict[str, Any] = {"index": 0, "delta": {"content": POLICY_PIECES[i]}, "logprobs": None}
+                        if lp:
+                            c["logprobs"] = _logprobs(i)
+                        if ids:
+                            c["token_ids"] = [t]
+                        yield env([c])
+                    yield env([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}])
+                    yield b"data: [DONE]\n\n"
+
+                return StreamingResponse(chunks(), media_type="text/event-stream", headers=headers)
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": {"role": "assistant", "content": "".join(POLICY_PIECES)},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+            if lp:
+                choice["logprobs"] = {"content": [_logprobs(i)["content"][0] for i in range(len(POLICY_TOKENS))]}
+            if ids:
+                choice["token_ids"] = POLICY_TOKENS
+            out: dict[str, Any] = {
+                "id": "chatcmpl-pol",
+                "object": "chat.completion",
+                "created": 1,
+                "model": "pol",
+                "choices": [choice],
+                "usage": {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7},
+            }
+            if ids:
+                out["prompt_token_ids"] = POLICY_PROMPT_IDS
+            return JSONResponse(out, headers=headers)
+
+        return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+class BackgroundServer:
+    """uvicorn (uvloop + httptools) on 127.0.0.1, a free port, in a thread; ready when its startup finished."""
+
+    def __init__(self, app: Any) -> None:
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.ready = threading.Event()
+        config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        original = self.server.startup
+
+        async def startup(sockets: Any = None) -> None:
+            await original(sockets=sockets)
+            self.ready.set()
+
+        self.server.startup = startup  # type: ignore[method-assign]
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> BackgroundServer:
+        self.thread.start()
+        assert self.ready.wait(30), "the server did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def v1(self) -> str:
+        return f"{self.base}/v1"
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound and released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def settings(upstream: str, policy: str | None, store: Path, **overrides: Any) -> OnlineSettings:
+    data: dict[str, Any] = {
+        "upstream": {"url": upstream},
+        "auth": {"traffic_key_env": "T", "admin_key_env": "A", "feedback_secret_env": "F"},
+        "store": {"path": str(store), "probe_interval_s": 0.05, "busy_timeout_ms": 50},
+        "selection": {"sampling_rate": 0.0},
+    }
+    if policy is not None:
+        data["policy"] = {"url": policy, "model": "pol"}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return load_settings(OnlineSettings, data, where="test.yaml")
+
+
+SECRETS = Secrets(
+    traffic_key=TRAFFIC_KEY,
+    admin_key=ADMIN_KEY,
+    feedback_secret=SECRET,
+    upstream_key=UPSTREAM_KEY,
+    policy_key=None,
+)
