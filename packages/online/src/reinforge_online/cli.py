@@ -25,14 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build(args: argparse.Namespace) -> tuple[Starlette, str, int]:
     """The app and where to bind, settings and secrets checked (nothing bound yet)."""
-    import dataclasses
-
     from .app import build_app
     from .config import load_config, resolve_secrets
 
-    settings = load_config(args.config)
-    if getattr(args, "dev", False) and not settings.dev:
-        settings = dataclasses.replace(settings, dev=True)
+    settings = load_config(args.config, dev=getattr(args, "dev", False))
     host = args.host or settings.listen.host
     port = settings.listen.port if args.port is None else args.port
     app = build_app(settings, resolve_secrets(settings, str(args.config)))

@@ -244,8 +244,11 @@ def resolve_secrets(settings: OnlineSettings, where: str = "online.yaml") -> Sec
     )
 
 
-def load_config(path: str | Path) -> OnlineSettings:
-    """Read and check ``online.yaml``; a relative ``store.path`` is relative to the file's folder."""
+def load_config(path: str | Path, *, dev: bool = False) -> OnlineSettings:
+    """Read and check ``online.yaml``; a relative ``store.path`` is relative to the file's folder.
+
+    ``dev`` (the command's ``--dev``) sets ``dev: true`` before the checks.
+    """
     import yaml
 
     file = Path(path)
@@ -256,6 +259,8 @@ def load_config(path: str | Path) -> OnlineSettings:
         raise ConfigError(f"{where}: cannot read: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{where}: not valid YAML: {exc}") from None
+    if dev and isinstance(data, dict):
+        data = {**data, "dev": True}
     settings = load_settings(OnlineSettings, data, where=where)
     store = Path(settings.store.path).expanduser()
     if not store.is_absolute():

@@ -208,6 +208,7 @@ class TraceStore:
         self._healthy = True
         self._health = threading.Condition()
         self._closed = False
+        self.commits = 0  # transactions committed (group commit: many writes each)
         self._db = connect(self.path, busy_timeout_ms)
         _migrate(self._db, self.path)
         self._reader = connect(self.path, busy_timeout_ms)
@@ -308,6 +309,7 @@ class TraceStore:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
                 raise
+            self.commits += 1
         except Exception as exc:  # noqa: BLE001 - locked, full or broken: nothing of the group committed
             self._on_error("write_failed")
             self._set_healthy(False)

@@ -1,0 +1,175 @@
+"""The trace store on its own: group commit, acknowledgement, crash safety, full queue and locks, JSON only."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+
+from reinforge_online.store import SCHEMA_VERSION, CallRecord, StoreUnavailable, TraceStore
+
+
+def call(i: int) -> CallRecord:
+    return CallRecord(
+        trace_id=f"t{i}",
+        call_id=f"c{i}",
+        route="/v1/chat/completions",
+        mode="route",
+        request={"messages": [{"role": "user", "content": f"q{i}"}]},
+        response={"choices": [{"message": {"content": f"a{i}"}}]},
+        prompt_token_ids=[1, 2],
+        token_ids=[i],
+        logprobs=[-0.5],
+        policy_version="3",
+    )
+
+
+def test_written_calls_read_back_as_json(tmp_path):
+    store = TraceStore(tmp_path / "t.sqlite")
+    try:
+        store.record(call(1)).result(10)
+        trace = store.trace("t1")
+        assert trace["calls"][0]["token_ids"] == [1]
+        assert trace["calls"][0]["request"]["messages"][0]["content"] == "q1"
+        assert store.trace("nope") is None
+    finally:
+        assert store.close()
+    db = sqlite3.connect(tmp_path / "t.sqlite")
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == str(SCHEMA_VERSION)
+    row = db.execute("SELECT request, response, prompt_token_ids, token_ids, logprobs, timing FROM calls").fetchone()
+    assert all(isinstance(v, str) for v in row) and [json.loads(v) for v in row]  # JSON text, never pickle
+
+
+def test_group_commit_writes_many_per_transaction(tmp_path):
+    gate = threading.Event()
+    store = TraceStore(tmp_path / "t.sqlite")
+    try:
+        blocked = store.submit(lambda db: gate.wait(10))  # holds the writer while the queue fills
+        futures = [store.record(call(i)) for i in range(50)]
+        gate.set()
+        blocked.result(10)
+        for f in futures:
+            f.result(10)
+        assert store.count("calls") == 50 and store.count("traces") == 50
+        assert store.commits <= 3  # the blocked write's group, then the 50 queued behind it in one or two
+    finally:
+        store.close()
+
+
+def test_a_failing_write_does_not_undo_its_group(tmp_path):
+    store = TraceStore(tmp_path / "t.sqlite")
+    try:
+        gate = threading.Event()
+        store.submit(lambda db: gate.wait(10))
+        good = store.record(call(1))
+        bad = store.record(call(1))  # same call id: an integrity error of its own
+        gate.set()
+        good.result(10)
+        with pytest.raises(sqlite3.IntegrityError):
+            bad.result(10)
+        assert store.count("calls") == 1 and store.healthy
+    finally:
+        store.close()
+
+
+def test_full_queue_drops_counts_and_pauses_until_a_probe_succeeds(tmp_path):
+    errors: list[str] = []
+    store = TraceStore(tmp_path / "t.sqlite", queue_size=2, probe_interval_s=0.01, on_error=errors.append)
+    try:
+        gate = threading.Event()
+        store.submit(lambda db: gate.wait(10))
+        store.record(call(1))  # waits in the queue (the first write may or may not have been taken yet)
+        with pytest.raises(StoreUnavailable):
+            for i in range(2, 5):
+                store.record(call(i))
+        assert errors == ["queue_full"] and not store.healthy
+        with pytest.raises(StoreUnavailable, match="unhealthy"):
+            store.record(call(9))
+        gate.set()
+        assert store.wait_healthy(True, timeout=10)
+        store.record(call(10)).result(10)
+    finally:
+        store.close()
+
+
+def test_a_locked_database_fails_the_group_then_recovers(tmp_path):
+    errors: list[str] = []
+    health: list[bool] = []
+    path = tmp_path / "t.sqlite"
+    store = TraceStore(path, busy_timeout_ms=20, probe_interval_s=0.01, on_error=errors.append, on_health=health.append)
+    try:
+        blocker = sqlite3.connect(path, isolation_level=None)
+        blocker.execute("BEGIN EXCLUSIVE")
+        with pytest.raises(StoreUnavailable, match="could not commit"):
+            store.record(call(1)).result(10)
+        assert errors == ["write_failed"] and store.wait_healthy(False, timeout=10)
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        assert store.wait_healthy(True, timeout=10)
+        assert health == [False, True]
+        store.record(call(2)).result(10)
+        assert store.trace_ids() == ["t2"]
+    finally:
+        store.close()
+
+
+CRASH = textwrap.dedent(
+    """
+    import os, sys, threading
+    sys.path.insert(0, {tests!r})
+    from test_store import call
+    from reinforge_online.store import TraceStore
+
+    store = TraceStore({path!r})
+    acked = []
+    for i in range(40):
+        store.record(call(i)).result(10)   # acknowledged: committed
+        acked.append(i)
+    gate = threading.Event()
+    store.submit(lambda db: gate.wait(60))  # the writer is busy: what follows is queued, never acknowledged
+    for i in range(40, 60):
+        store.record(call(i))
+    print(",".join(map(str, acked)), flush=True)
+    os.kill(os.getpid(), 9)
+    """
+)
+
+
+def test_reopening_after_a_kill_keeps_every_acknowledged_trace(tmp_path):
+    path = tmp_path / "t.sqlite"
+    script = CRASH.format(tests=str(Path(__file__).parent), path=str(path))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=os.environ)
+    assert proc.returncode == -9, proc.stderr
+    acked = [int(x) for x in proc.stdout.strip().split(",")]
+    assert len(acked) == 40
+    store = TraceStore(path)
+    try:
+        stored = set(store.trace_ids())
+        assert {f"t{i}" for i in acked} <= stored
+        assert all(store.trace(f"t{i}")["calls"][0]["token_ids"] == [i] for i in acked)
+        store.record(call(100)).result(10)  # and it takes writes again
+    finally:
+        store.close()
+
+
+def test_close_drains_the_queue_and_never_raises(tmp_path):
+    store = TraceStore(tmp_path / "t.sqlite")
+    futures = [store.record(call(i)) for i in range(20)]
+    assert store.close() is True
+    assert all(f.done() and f.exception() is None for f in futures)
+    assert store.close() is True  # twice is fine
+    with pytest.raises(StoreUnavailable, match="closed"):
+        store.record(call(99))
+    again = TraceStore(tmp_path / "t.sqlite")
+    try:
+        assert again.count("calls") == 20
+    finally:
+        again.close()
