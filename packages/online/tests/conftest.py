@@ -36,10 +36,10 @@ def policy() -> Iterator[tuple[FakePolicy, BackgroundServer]]:
 def fakes(upstream: Any, policy: Any) -> Iterator[tuple[FakeUpstream, FakePolicy]]:
     for fake in (upstream[0], policy[0]):
         fake.requests.clear()
-        fake.fail = False
+        fake.fail, fake.behaviour = False, "ok"
     yield upstream[0], policy[0]
     for fake in (upstream[0], policy[0]):
-        fake.fail = False
+        fake.fail, fake.behaviour = False, "ok"
 
 
 @pytest.fixture

@@ -54,6 +54,7 @@ class Fake:
     def __init__(self) -> None:
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.fail = False
+        self.behaviour = "ok"  # the policy's: "garbage" (200, not JSON) or "error_event" (a stream that fails)
 
     async def _record(self, request: Request) -> bytes:
         raw = await request.body()
@@ -107,6 +108,8 @@ class FakePolicy(Fake):
             raw = await self._record(request)
             if self.fail:
                 return JSONResponse({"error": {"message": "policy broke"}}, status_code=503)
+            if self.behaviour == "garbage":
+                return Response(b"<html>oops</html>", media_type="application/json")
             body = json.loads(raw)
             ids, lp = body.get("return_token_ids"), body.get("logprobs")
             headers = {"x-policy-version": POLICY_VERSION}
@@ -126,7 +129,10 @@ class FakePolicy(Fake):
                         if ids:
                             c["token_ids"] = [t]
                         yield env([c])
-                    yield env([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}])
+                    if self.behaviour == "error_event":
+                        yield b'data: {"error": {"message": "generation failed", "type": "server_error"}}\n\n'
+                    else:
+                        yield env([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}])
                     yield b"data: [DONE]\n\n"
 
                 return StreamingResponse(chunks(), media_type="text/event-stream", headers=headers)

@@ -271,3 +271,52 @@ def test_sampling_pauses_while_the_store_is_unhealthy(gateway, fakes):
     assert store.wait_healthy(True, timeout=10)  # a probe write succeeded
     assert post(server, BODY).json()["choices"][0]["message"]["content"] == "policy"
     wait_recorded(server, 1)
+
+
+def test_the_upstream_sees_the_clients_headers_not_httpx_defaults(gateway, fakes):
+    import http.client
+
+    server = gateway()
+    raw = json.dumps(BODY).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+    conn.putrequest("POST", "/v1/chat/completions", skip_accept_encoding=True)
+    for name, value in {
+        "authorization": f"Bearer {TRAFFIC_KEY}",
+        "content-type": "application/json",
+        "content-length": str(len(raw)),
+        "x-reinforge-sample": "1",
+        "connection": "keep-alive, x-hop",
+        "x-hop": "secret",
+        "openai-organization": "org-1",
+    }.items():
+        conn.putheader(name, value)
+    conn.endheaders(raw)
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.read() == UPSTREAM_BODY
+    conn.close()
+    headers, body = fakes[0].requests[-1]
+    assert body == raw
+    assert "accept-encoding" not in headers and "user-agent" not in headers and "accept" not in headers
+    assert "x-reinforge-sample" not in headers and "x-hop" not in headers
+    assert headers["openai-organization"] == "org-1"
+    via = post(server, BODY, headers={"accept-encoding": "identity", "user-agent": "agent/1"})
+    assert via.status_code == 200
+    assert fakes[0].requests[-1][0]["accept-encoding"] == "identity"
+    assert fakes[0].requests[-1][0]["user-agent"] == "agent/1"
+
+
+def test_a_policy_answer_that_is_not_a_completion_falls_back(gateway, fakes):
+    fakes[1].behaviour = "garbage"
+    server = gateway(selection={"sampling_rate": 1.0})
+    r = post(server, BODY)
+    assert r.status_code == 200 and r.content == UPSTREAM_BODY
+    assert gw(server).metrics.fallbacks.labels("bad_response")._value.get() == 1
+
+
+def test_a_policy_stream_that_fails_midway_is_relayed_and_not_recorded(gateway, fakes):
+    fakes[1].behaviour = "error_event"
+    server = gateway(selection={"sampling_rate": 1.0})
+    r = post(server, {**BODY, "stream": True})
+    assert r.status_code == 200
+    assert b'"error"' in r.content and r.content.endswith(b"data: [DONE]\n\n")
+    wait_recorded(server, 0)

@@ -174,18 +174,19 @@ def test_a_raising_strategy_leaves_requests_unsampled(gateway, tmp_path, upstrea
 def test_sticky_through_the_gateway(gateway):
     server = gateway(selection={"sampling_rate": 0.5, "salt": "k"})
     rate = SamplingRate(0.5, salt="k")
-    for i in range(12):
-        session = f"conv-{i}"
-        got = [
-            "x-reinforge-trace-id"
-            in httpx.post(
-                f"{server.v1}/chat/completions",
-                json={"model": "m", "messages": [{"role": "user", "content": str(turn)}]},
-                headers={"authorization": f"Bearer {TRAFFIC_KEY}", "x-session-id": session},
-            ).headers
-            for turn in range(2)
-        ]
-        assert got == [rate.decide(session)] * 2  # whole conversations in or out
+    with httpx.Client(headers={"authorization": f"Bearer {TRAFFIC_KEY}"}) as client:
+        for i in range(12):
+            session = f"conv-{i}"
+            got = [
+                "x-reinforge-trace-id"
+                in client.post(
+                    f"{server.v1}/chat/completions",
+                    json={"model": "m", "messages": [{"role": "user", "content": str(turn)}]},
+                    headers={"x-session-id": session},
+                ).headers
+                for turn in range(2)
+            ]
+            assert got == [rate.decide(session)] * 2  # whole conversations in or out
 
 
 def test_settings_reject_bad_selection():

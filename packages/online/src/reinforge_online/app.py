@@ -100,6 +100,8 @@ def _strip(data: dict[str, Any], token_ids: bool, logprobs: bool) -> dict[str, A
     if not token_ids:
         data.pop("prompt_token_ids", None)
     for choice in data.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
         if not token_ids:
             choice.pop("token_ids", None)
             choice.pop("prompt_token_ids", None)
@@ -134,6 +136,7 @@ class _CountRequests:
             self.metrics.requests.labels(route, scope.get(_PATH_KEY, "gateway"), str(status[0])).inc()
 
 
+_CLIENT_DEFAULTS = ("accept", "accept-encoding", "user-agent")
 _ROUTES = (CHAT_ROUTE, "/v1/models", "/healthz", "/metrics", FEEDBACK_ROUTE)
 
 
@@ -232,6 +235,9 @@ class Gateway:
             content=raw if method == "POST" else None,
             headers=request_headers(request.headers.raw, up.key),
         )
+        for name in _CLIENT_DEFAULTS:  # httpx's own defaults: the upstream sees the client's, or none
+            if name not in request.headers:
+                del req.headers[name]
         before = time.perf_counter() - start
         try:
             resp = await up.client.send(req, stream=True)
@@ -358,17 +364,21 @@ class Gateway:
         try:
             data = json.loads(await resp.aread())
             choices = data["choices"]
+            if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+                raise TypeError("choices must be a list of objects")
             first = choices[0] if choices else {}
-        except Exception as exc:  # noqa: BLE001 - not an OpenAI response
+            record.prompt_token_ids = data.get("prompt_token_ids")
+            record.token_ids = first.get("token_ids")
+            record.logprobs = _logprobs(first) or None
+        except Exception as exc:  # noqa: BLE001 - not an OpenAI response (or its body broke off)
             if mode == "route":
                 raise _Fallback("bad_response") from exc
-            raise ApiError("the upstream's response is not an OpenAI chat completion", status=502) from exc
+            raise ApiError(
+                "the upstream's response is not an OpenAI chat completion", status=502, code="bad_upstream_response"
+            ) from exc
         finally:
             await resp.aclose()
         after = time.perf_counter()
-        record.prompt_token_ids = data.get("prompt_token_ids")
-        record.token_ids = first.get("token_ids")
-        record.logprobs = _logprobs(first) or None
         record.timing = {"received_at": time.time() - (after - start), "upstream_s": after - sent}
         client_data = _strip(data, want_ids, want_logprobs)
         if model and requested_model is not None:
@@ -401,7 +411,7 @@ class Gateway:
         """The policy's SSE stream to the client, extra fields stripped; recorded once it completed."""
         choices: dict[int, _Choice] = {}
         meta: dict[str, Any] = {}
-        done = False
+        done = failed = False
         first_at: float | None = None
         buffer = b""
         try:
@@ -419,6 +429,8 @@ class Gateway:
                     try:
                         chunk = json.loads(data)
                     except json.JSONDecodeError:
+                        chunk = None
+                    if not isinstance(chunk, dict):  # not ours to understand: passed on as it came
                         yield event + b"\n\n"
                         continue
                     if first_at is None:
@@ -428,8 +440,12 @@ class Gateway:
                     for key in ("id", "created", "model", "usage", "system_fingerprint"):
                         if chunk.get(key) is not None:
                             meta[key] = chunk[key]
+                    if "error" in chunk:
+                        failed = True  # the policy failed mid-stream: relayed, not recorded
                     for c in chunk.get("choices") or ():
-                        choices.setdefault(int(c.get("index", 0)), _Choice()).add(c)
+                        if isinstance(c, dict):
+                            index = c.get("index")
+                            choices.setdefault(index if isinstance(index, int) else 0, _Choice()).add(c)
                     out = _strip(chunk, want_ids, want_logprobs)
                     if model is not None and "model" in out:
                         out["model"] = model
@@ -439,7 +455,7 @@ class Gateway:
             return
         finally:
             await resp.aclose()
-        if not done or not choices:
+        if not done or failed or not choices:
             return
         end = time.perf_counter()
         first = choices.get(0) or next(iter(choices.values()))
