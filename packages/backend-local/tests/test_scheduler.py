@@ -1,6 +1,7 @@
 """Continuous batching on the real SmolLM2-135M: rows that join a running batch decode exactly as alone."""
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -99,6 +100,34 @@ def test_rows_joining_mid_decode_match_each_row_decoded_alone(policy, poisoned_c
             torch.testing.assert_close(row, ref[name][k], atol=ATOL, rtol=0, msg=f"row {name}, token {k}")
 
 
+def test_a_reused_prefix_gives_the_logits_of_computing_it(policy, poisoned_caches):
+    """The shared part of an earlier prefill (its keys and values) stands in for computing it again."""
+    model, tok = policy
+    a, b, c = (_prompt(tok, q) for q in ("What is 2 + 3?", "What is 41 + 17?", "Add 100 and 250, please."))
+    with torch.inference_mode():
+        earlier = LlamaDecoder(model).session()
+        earlier.prefill([a], [0], 0)
+        ids, k, v = earlier.computed_prefix
+        assert list(ids) == a[:-1]
+        common = len(os.path.commonprefix([a, b, c]))
+        assert common >= 8  # the system prompt and the chat template's framing
+        prefix = (ids[:common], k[:, :, :, :common], v[:, :, :, :common])
+        for prompts, row_src in (([b], [0]), ([b, c], [0, 1, 1])):
+            plain, reused = LlamaDecoder(model).session(), LlamaDecoder(model).session()
+            torch.testing.assert_close(
+                reused.prefill(prompts, row_src, 3, prefix=prefix),
+                plain.prefill(prompts, row_src, 3),
+                atol=ATOL,
+                rtol=0,
+            )
+            assert reused.prefix_hits == common and plain.prefix_hits == 0
+            feed = torch.tensor([900 + 13 * r for r in range(len(row_src))])
+            torch.testing.assert_close(reused.step(feed), plain.step(feed), atol=ATOL, rtol=0)
+        other = LlamaDecoder(model).session()  # a prefix the prompts do not start with is not used
+        other.prefill([b], [0], 0, prefix=((1, 2, 3, 4, 5), k[:, :, :, :5], v[:, :, :, :5]))
+        assert other.prefix_hits == 0
+
+
 def _request(prompt, max_tokens=12, **kw):
     return GenRequest(prompt_ids=prompt, max_tokens=max_tokens, temperature=kw.pop("temperature", 0.0), **kw)
 
@@ -130,6 +159,7 @@ def test_a_request_arriving_mid_decode_joins_the_running_batch(engine, policy):
     finally:
         scheduler.close()
     assert scheduler.stats.joined == 1 and scheduler.stats.admitted == 2
+    assert scheduler.stats.prefix_tokens_reused >= 8  # the second reused the first's system prompt
     assert scheduler.stats.max_rows == 2
     alone = engine.generate([_request(first, max_tokens=24), _request(second, max_tokens=8)])
     assert one.token_ids == alone[0].token_ids and one.text == alone[0].text

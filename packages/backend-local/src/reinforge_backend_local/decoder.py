@@ -145,6 +145,9 @@ class KVCache:
         self.set_rows(len(rows))
 
 
+Prefix = tuple[tuple[int, ...], torch.Tensor, torch.Tensor]  # token ids, keys and values (layers, 1, heads, n, dim)
+
+
 class LlamaDecoder:
     """Prefill and one-token steps for a Llama-family causal LM; weights are read at ``session`` time."""
 
@@ -208,6 +211,8 @@ class DecodeSession:
         self.pos: torch.Tensor | None = None  # next position per row
         self.start: torch.Tensor | None = None  # first slot of each row's sequence (rows that joined later start later)
         self.slot = 0  # next slot to write (the same for every row)
+        self.computed_prefix: Prefix | None = None  # the shared prefix the last prefill computed, for reuse
+        self.prefix_hits = 0  # prompt tokens whose keys and values were reused, not computed
 
     def fresh(self) -> DecodeSession:
         """An empty session on the same weight snapshot: it prefills requests that then :meth:`join` this one."""
@@ -262,13 +267,20 @@ class DecodeSession:
     # -- a batch ----------------------------------------------------------------------------
 
     def prefill(
-        self, prompts: list[list[int]], row_src: list[int], capacity: int, *, row_capacity: int | None = None
+        self,
+        prompts: list[list[int]],
+        row_src: list[int],
+        capacity: int,
+        *,
+        row_capacity: int | None = None,
+        prefix: Prefix | None = None,
     ) -> torch.Tensor:
         """Prefill the distinct ``prompts``; row ``r`` continues prompt ``row_src[r]``.
 
         ``capacity`` is the number of new tokens the cache must hold (``row_capacity``: the
-        rows it is allocated for, so later joins fit in place). Returns the next-token logits
-        of every row.
+        rows it is allocated for, so later joins fit in place). ``prefix`` (token ids and their
+        keys and values, from an earlier prefill's :attr:`computed_prefix`) is reused where the
+        prompts' shared prefix starts with it. Returns the next-token logits of every row.
         """
         dec, dev = self.dec, self.device
         u = len(prompts)
@@ -285,12 +297,27 @@ class DecodeSession:
         slots = pre + capacity
         cache = KVCache(dec.layers, n, dec.kv_heads, slots, dec.head_dim, self.dtype, dev, row_capacity)
         ucache = cache if identity else KVCache(dec.layers, u, dec.kv_heads, pre, dec.head_dim, self.dtype, dev)
+        self.computed_prefix = None
         if shared:
             one = KVCache(dec.layers, 1, dec.kv_heads, shared, dec.head_dim, self.dtype, dev)
-            ids = torch.tensor([prompts[0][:shared]], device=dev)
-            self._forward(ids, torch.arange(shared, device=dev).unsqueeze(0), one, 0, None)
+            known = 0  # tokens whose keys and values come from ``prefix``
+            if prefix is not None and len(prefix[0]) <= shared and list(prefix[0]) == prompts[0][: len(prefix[0])]:
+                known = len(prefix[0])
+                one.k[:, :, :, :known] = prefix[1]
+                one.v[:, :, :, :known] = prefix[2]
+                self.prefix_hits += known
+            if known < shared:
+                ids = torch.tensor([prompts[0][known:shared]], device=dev)
+                pos = torch.arange(known, shared, device=dev).unsqueeze(0)
+                mask = None
+                if known:  # the new tokens see the known ones and, causally, each other
+                    t = shared - known
+                    see = torch.ones((t, shared), dtype=torch.bool, device=dev).tril_(diagonal=known)
+                    mask = torch.zeros(see.shape, dtype=self.dtype, device=dev).masked_fill_(~see, float("-inf"))
+                self._forward(ids, pos, one, known, mask)
             ucache.k[:, :, :, :shared] = one.k
             ucache.v[:, :, :, :shared] = one.v
+            self.computed_prefix = (tuple(prompts[0][:shared]), one.k, one.v)
             del one
         # Distinct suffixes, left-padded to one width; pads attend only to themselves (finite, never seen).
         ids = torch.zeros((u, width), dtype=torch.long)

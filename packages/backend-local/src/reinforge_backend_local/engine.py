@@ -109,6 +109,10 @@ class Engine:
         self.kv_bytes_per_token = _kv_bytes_per_token(model)
         self.stats = EngineStats()
         self.lock = threading.Lock()  # one generation at a time (training runs between rollout phases)
+        self.weights_version = 0  # +1 whenever the weights change under a server (cached prefixes go stale)
+
+    def weights_changed(self) -> None:
+        self.weights_version += 1
 
     def _session(self) -> Any:
         return self.decoder.session() if self.decoder is not None else _HFSession(self)

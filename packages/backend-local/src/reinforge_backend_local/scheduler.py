@@ -15,6 +15,7 @@ import asyncio
 import collections
 import contextlib
 import functools
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from .decoder import MIN_SHARED_PREFIX, Prefix
 from .engine import Engine, GenRequest, GenResult
 from .sampling import request_generator, sample, top_logprobs
 
@@ -102,6 +104,7 @@ class SchedulerStats:
     max_rows: int = 0
     completion_tokens: int = 0
     prefill_tokens: int = 0
+    prefix_tokens_reused: int = 0  # prompt tokens whose keys and values came from the cached prefix
     cancelled: int = 0
 
 
@@ -135,8 +138,8 @@ class Scheduler:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
-        eos = set(engine.eos_ids)
-        self._eos = eos
+        self._eos = set(engine.eos_ids)
+        self._anchor: tuple[Prefix, int] | None = None  # the last computed shared prefix, and its weights version
 
     # -- the callers' side --------------------------------------------------------------------
 
@@ -292,22 +295,27 @@ class Scheduler:
         now = time.perf_counter()
         waits = [now - r.stream.submitted for r in new]
         joined = len(new) if rows else 0
+        prefix = self._prefix(prompts)
         if not rows:  # a new batch, on the weights as they are now
-            session = self.engine._session()
+            session = part = self.engine._session()
             width = min(self.max_batch, max(len(new), -(-len(new) // 8) * 8))
             if self.joinable:
-                logits = session.prefill(prompts, row_src, capacity + HEADROOM, row_capacity=width)
+                logits = session.prefill(prompts, row_src, capacity + HEADROOM, row_capacity=width, prefix=prefix)
             else:
                 logits = session.prefill(prompts, row_src, capacity)
         else:
             assert logits is not None
             part = session.fresh()
-            first = part.prefill(prompts, row_src, 0)
+            first = part.prefill(prompts, row_src, 0, prefix=prefix)
             before = session.cache
             session.join(part, capacity, self.max_batch)
             if session.cache is not before:
                 self.stats.relayouts += 1
             logits = torch.cat([logits, first])
+        if self.joinable:
+            self.stats.prefix_tokens_reused += part.prefix_hits
+            if part.computed_prefix is not None:
+                self._anchor = (part.computed_prefix, self.engine.weights_version)
         rows += new
         self.stats.admitted += len(new)
         self.stats.joined += joined
@@ -315,6 +323,20 @@ class Scheduler:
             self.on_admit(waits, joined)
         assert logits is not None
         return session, logits
+
+    def _prefix(self, prompts: list[list[int]]) -> Prefix | None:
+        """What the last prefill computed that these prompts all start with (a chat template's system part)."""
+        if self._anchor is None or not self.joinable:
+            return None
+        (ids, k, v), version = self._anchor
+        if version != self.engine.weights_version:  # computed with weights that are gone
+            self._anchor = None
+            return None
+        common = min(len(os.path.commonprefix([list(ids), p])) for p in prompts)
+        common = min(common, min(map(len, prompts)) - 1)
+        if common < MIN_SHARED_PREFIX:
+            return None
+        return ids[:common], k[:, :, :, :common], v[:, :, :, :common]
 
     def _tops(self, logits: torch.Tensor, temps: torch.Tensor, rows: list[_Row]) -> dict[int, list[tuple[int, float]]]:
         want = [j for j, r in enumerate(rows) if r.request.top_logprobs > 0]

@@ -145,10 +145,11 @@ class AdapterSwapper:
     the same arithmetic as peft's ``merge_and_unload``; ``None`` restores the base model.
     """
 
-    def __init__(self, model: Any, lock: threading.Lock, packer: Any = None) -> None:
+    def __init__(self, model: Any, lock: threading.Lock, packer: Any = None, on_apply: Any = None) -> None:
         self.model = model
         self.lock = lock
         self.packer = packer
+        self.on_apply = on_apply  # told after every swap (the scheduler's cached prefixes are of the old weights)
         self.modules = dict(model.named_modules())
         self.base: dict[str, Any] = {}
         self.current: LoraFactors = {}
@@ -234,6 +235,8 @@ class AdapterSwapper:
                 if self.packer is not None:  # the prepacked copy is of the old weight
                     self.packer.entries.pop(id(module), None)
             self.current = factors
+            if self.on_apply is not None:
+                self.on_apply()
 
 
 def load(
@@ -262,7 +265,7 @@ def load(
     if packer is not None:
         packing.install(model, packer)
     engine = Engine(model, tokenizer, max_model_len=length, max_batch=max_batch, kv_cache_mb=kv_cache_mb, packer=packer)
-    swapper = AdapterSwapper(model, engine.lock, packer)
+    swapper = AdapterSwapper(model, engine.lock, packer, on_apply=engine.weights_changed)
     if source.adapter is not None:  # merged the same way a hot swap merges, so the base stays recoverable
         try:
             swapper.apply(swapper.read(source.adapter)[1])
