@@ -27,6 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import auth, feedback
+from .committer import Committer, JsonlSink
 from .config import CHAT_ROUTE, OnlineSettings, Secrets
 from .errors import ApiError, parse_json
 from .metrics import Metrics
@@ -175,6 +176,26 @@ class Gateway:
             else None
         )
         self.max_body = settings.limits.max_body_bytes
+        self.committer = self._committer(settings)
+
+    def _committer(self, settings: OnlineSettings) -> Committer | None:
+        c = settings.committer
+        if c.kind == "none":
+            return None
+        return Committer(
+            self.store,
+            JsonlSink(c.path),
+            interval_s=c.interval_s,
+            min_traces=c.min_traces,
+            max_traces=c.max_traces,
+            retry_s=c.retry_s,
+            on_commit=self._batch_committed,
+            on_failure=lambda batch_id: self.metrics.batches.labels("failed").inc(),
+        ).start()
+
+    def _batch_committed(self, batch_id: str, n: int) -> None:
+        self.metrics.batches.labels("committed").inc()
+        self.metrics.committed_traces.inc(n)
 
     def _store_error(self, kind: str) -> None:
         self.metrics.store_errors.labels(kind).inc()
@@ -183,14 +204,17 @@ class Gateway:
         self.metrics.store_healthy.set(1 if ok else 0)
 
     async def aclose(self) -> None:
-        """Close the clients and drain the store (never raises)."""
+        """Stop the committer, close the clients and drain the store (never raises)."""
+        loop = asyncio.get_running_loop()
+        if self.committer is not None:
+            await loop.run_in_executor(None, self.committer.stop)
         for up in (self.upstream, self.policy):
             if up is not None:
                 try:
                     await up.aclose()
                 except Exception:  # noqa: BLE001 - shutting down is best effort
                     _log.exception("closing an upstream client failed")
-        await asyncio.get_running_loop().run_in_executor(None, self.store.close)
+        await loop.run_in_executor(None, self.store.close)
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -499,6 +523,8 @@ class Gateway:
             self.metrics.feedback.labels(str(exc.status)).inc()
             raise
         self.metrics.feedback.labels(str(outcome.status)).inc()
+        if self.committer is not None and outcome.body.get("status") == "recorded":
+            self.committer.rewarded()
         return JSONResponse(outcome.body, status_code=outcome.status)
 
     async def _feedback(self, request: Request) -> feedback.FeedbackOutcome:

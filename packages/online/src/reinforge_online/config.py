@@ -19,6 +19,7 @@ __all__ = [
     "CHAT_ROUTE",
     "MODES",
     "AuthSettings",
+    "CommitterSettings",
     "FeedbackSettings",
     "LimitSettings",
     "ListenSettings",
@@ -37,6 +38,8 @@ ROUTES = (CHAT_ROUTE,)  # the routes a mode applies to: the ones that generate
 MODES = ("route", "record")
 NOT_YET = {"shadow": "shadow mode is not implemented yet in reinforge-online 0.1 (use route or record)"}
 CONFLICT_POLICIES = ("first-wins", "last-before-commit")
+COMMITTERS = ("none", "sink")
+COMMITTERS_NOT_YET = ("local", "trinity")
 
 
 def _mode(key: str, value: str) -> None:
@@ -162,6 +165,29 @@ class FeedbackSettings(Settings):
 
 
 @dataclass
+class CommitterSettings(Settings):
+    """Where rewarded traces go, in batches: ``none`` (they stay in the store) or ``sink`` (JSONL files)."""
+
+    kind: str = "none"
+    interval_s: float = 300.0
+    min_traces: int = 100
+    max_traces: int = 1000
+    retry_s: float = 1.0
+    path: str = "batches"
+
+    def check(self) -> None:
+        if self.kind in COMMITTERS_NOT_YET:
+            raise FieldError("kind", f"the {self.kind} committer is not implemented yet in reinforge-online 0.1")
+        one_of("kind", self.kind, COMMITTERS)
+        at_least("interval_s", self.interval_s, 0.0, strict=True)
+        at_least("min_traces", self.min_traces, 1)
+        at_least("max_traces", self.max_traces, 1)
+        at_least("retry_s", self.retry_s, 0.0, strict=True)
+        if not self.path.strip():
+            raise FieldError("path", "must not be empty")
+
+
+@dataclass
 class OnlineSettings(Settings):
     """The whole ``online.yaml``."""
 
@@ -176,6 +202,7 @@ class OnlineSettings(Settings):
     store: StoreSettings = field(default_factory=StoreSettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
     feedback: FeedbackSettings = field(default_factory=FeedbackSettings)
+    committer: CommitterSettings = field(default_factory=CommitterSettings)
 
     def check(self) -> None:
         _mode("mode", self.mode)
@@ -262,7 +289,8 @@ def load_config(path: str | Path, *, dev: bool = False) -> OnlineSettings:
     if dev and isinstance(data, dict):
         data = {**data, "dev": True}
     settings = load_settings(OnlineSettings, data, where=where)
-    store = Path(settings.store.path).expanduser()
-    if not store.is_absolute():
-        settings.store.path = str((file.parent / store).resolve())
+    for part in (settings.store, settings.committer):
+        where_to = Path(part.path).expanduser()
+        if not where_to.is_absolute():
+            part.path = str((file.parent / where_to).resolve())
     return settings

@@ -106,7 +106,7 @@ def apply_feedback(db: sqlite3.Connection, req: FeedbackRequest, reward: float, 
     if trace is None:
         return _error(404, f"no trace {req.trace_id!r} is stored here", "trace_not_found")  # not remembered
     existing = db.execute("SELECT reward FROM rewards WHERE trace_id = ?", (req.trace_id,)).fetchone()
-    if trace[0] == "committed":
+    if trace[0] in ("committing", "committed"):
         outcome = _error(409, f"trace {req.trace_id!r} was already committed for training", "trace_committed")
     elif existing is None:
         db.execute(

@@ -38,6 +38,12 @@ class Metrics:
         self.store_healthy = Gauge("reinforge_online_store_healthy", "1 while the trace store takes writes", registry=r)
         self.store_healthy.set(1)
         self.feedback = Counter("reinforge_online_feedback", "feedback requests by status", ["status"], registry=r)
+        self.batches = Counter(
+            "reinforge_online_batches", "committer batches by result (committed, failed)", ["result"], registry=r
+        )
+        self.committed_traces = Counter(
+            "reinforge_online_committed_traces", "rewarded traces in committed batches", registry=r
+        )
         self.added = Histogram(
             "reinforge_online_added_latency_seconds",
             "time spent in the gateway itself (before forwarding and after the response arrived), by path",

@@ -413,6 +413,16 @@ class TraceStore:
         """Every stored trace id, oldest first."""
         return [r[0] for r in self._read("SELECT trace_id FROM traces ORDER BY created_at, rowid")]
 
+    def batch_trace_ids(self, batch_id: str) -> list[str]:
+        """The traces of one batch, oldest first."""
+        rows = self._read("SELECT trace_id FROM traces WHERE batch_id = ? ORDER BY created_at, rowid", (batch_id,))
+        return [r[0] for r in rows]
+
+    def batch_state(self, batch_id: str) -> str | None:
+        """``committing`` or ``committed``; None for an unknown batch."""
+        rows = self._read("SELECT state FROM batches WHERE batch_id = ?", (batch_id,))
+        return str(rows[0][0]) if rows else None
+
     def count(self, table: str) -> int:
         """Rows of one of the store's tables."""
         if table not in ("traces", "calls", "rewards", "feedback", "batches"):

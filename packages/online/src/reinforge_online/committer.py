@@ -1,0 +1,223 @@
+"""The committer: rewarded traces leave in batches, through a transactional outbox.
+
+Every ``interval_s`` seconds, or as soon as ``min_traces`` traces got a reward, one store
+transaction *claims* the rewarded traces not yet in a batch: it writes the batch row
+(state ``committing``, a new batch id) and points the traces at it. Only then is the batch
+sent to the sink, built from what the store holds for that id, so a resend is identical;
+a second transaction marks the batch and its traces ``committed``. A crash or a failed send
+leaves the batch ``committing``: it is sent again, with the same id, before anything new
+(after a restart too). A sink must therefore accept the same batch id twice; the JSONL sink
+writes ``batch-<id>.jsonl`` atomically, so a resend replaces the file with the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sqlite3
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from .store import TraceStore
+
+__all__ = ["Committer", "JsonlSink", "Sink", "batch_rows"]
+
+_log = logging.getLogger("reinforge_online.committer")
+
+
+class Sink(Protocol):
+    """Where a batch goes; ``send`` may be called again with the same ``batch_id`` after a failure."""
+
+    def send(self, batch_id: str, rows: list[dict[str, Any]]) -> None: ...
+
+
+class JsonlSink:
+    """``<directory>/batch-<batch_id>.jsonl``, one trace per line, written to a temporary file then renamed."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def path_of(self, batch_id: str) -> Path:
+        return self.directory / f"batch-{batch_id}.jsonl"
+
+    def send(self, batch_id: str, rows: list[dict[str, Any]]) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".batch-{batch_id}.", dir=self.directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                for row in rows:
+                    f.write(json.dumps(row, separators=(",", ":"), allow_nan=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path_of(batch_id))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def _claim(db: sqlite3.Connection, max_traces: int) -> str | None:
+    """In the writer's transaction: a new batch of rewarded traces, or None when there are none."""
+    rows = db.execute(
+        "SELECT trace_id FROM traces WHERE status = 'rewarded' AND batch_id IS NULL ORDER BY created_at, rowid LIMIT ?",
+        (max_traces,),
+    ).fetchall()
+    if not rows:
+        return None
+    batch_id = uuid.uuid4().hex
+    db.execute(
+        "INSERT INTO batches (batch_id, state, created_at, traces, target) VALUES (?, 'committing', ?, ?, 'sink')",
+        (batch_id, time.time(), len(rows)),
+    )
+    db.executemany(
+        "UPDATE traces SET batch_id = ?, status = 'committing' WHERE trace_id = ?", [(batch_id, r[0]) for r in rows]
+    )
+    return batch_id
+
+
+def _done(db: sqlite3.Connection, batch_id: str) -> None:
+    db.execute("UPDATE batches SET state = 'committed' WHERE batch_id = ?", (batch_id,))
+    db.execute("UPDATE traces SET status = 'committed' WHERE batch_id = ?", (batch_id,))
+
+
+def _waiting(db: sqlite3.Connection) -> int:
+    row = db.execute("SELECT COUNT(*) FROM traces WHERE status = 'rewarded' AND batch_id IS NULL").fetchone()
+    return int(row[0])
+
+
+def _pending(db: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in db.execute("SELECT batch_id FROM batches WHERE state = 'committing' ORDER BY created_at")]
+
+
+def batch_rows(store: TraceStore, batch_id: str) -> list[dict[str, Any]]:
+    """What a batch holds, one dict per trace (its calls, reward, session), in a stable order."""
+    rows = []
+    for trace_id in store.batch_trace_ids(batch_id):
+        trace = store.trace(trace_id)
+        if trace is not None:
+            rows.append({"batch_id": batch_id, **trace})
+    return rows
+
+
+class Committer:
+    """A thread sending rewarded traces to ``sink`` in batches (see the module docstring).
+
+    :param on_commit: called with the batch id and its size once a batch is committed.
+    :param on_failure: called with the batch id when sending it failed (it is retried).
+    """
+
+    def __init__(
+        self,
+        store: TraceStore,
+        sink: Sink,
+        *,
+        interval_s: float = 300.0,
+        min_traces: int = 100,
+        max_traces: int = 1000,
+        retry_s: float = 1.0,
+        on_commit: Callable[[str, int], None] | None = None,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.sink = sink
+        self.interval_s = interval_s
+        self.min_traces = min_traces
+        self.max_traces = max_traces
+        self.retry_s = retry_s
+        self._on_commit = on_commit or (lambda batch_id, n: None)
+        self._on_failure = on_failure or (lambda batch_id: None)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._rewarded = 0
+        self._failures = 0
+        self._lock = threading.Condition()
+        self.committed: list[str] = []  # batch ids committed by this committer, in order
+        self._thread = threading.Thread(target=self._run, name="reinforge-online-committer", daemon=True)
+
+    def start(self) -> Committer:
+        self._thread.start()
+        return self
+
+    def rewarded(self, n: int = 1) -> None:
+        """``n`` more traces got a reward: commit now once ``min_traces`` are waiting."""
+        with self._lock:
+            self._rewarded += n
+            due = self._rewarded >= self.min_traces
+        if due:
+            self._wake.set()
+
+    def wait_committed(self, n: int, timeout: float | None = None) -> bool:
+        """Wait until this committer committed ``n`` batches; whether it did."""
+        with self._lock:
+            return self._lock.wait_for(lambda: len(self.committed) >= n, timeout)
+
+    def run_once(self) -> list[str]:
+        """Send the batches left ``committing``, then claim and send new ones; the ids committed.
+
+        :raises Exception: what the store or the sink raised (the batch stays ``committing``).
+        """
+        done = []
+        for batch_id in self.store.submit(_pending).result():
+            self._send(batch_id)
+            done.append(batch_id)
+        while True:
+            batch_id = self.store.submit(lambda db: _claim(db, self.max_traces)).result()
+            if batch_id is None:
+                return done
+            with self._lock:
+                self._rewarded = 0
+            self._send(batch_id)
+            done.append(batch_id)
+
+    def _send(self, batch_id: str) -> None:
+        rows = batch_rows(self.store, batch_id)
+        try:
+            self.sink.send(batch_id, rows)
+        except Exception:
+            self._on_failure(batch_id)
+            raise
+        self.store.submit(lambda db: _done(db, batch_id)).result()
+        with self._lock:
+            self.committed.append(batch_id)
+            self._lock.notify_all()
+        self._on_commit(batch_id, len(rows))
+
+    def _resume(self) -> None:
+        """At start: resend the batches a crash left ``committing``; count the rewarded traces waiting."""
+        for batch_id in self.store.submit(_pending).result():
+            self._send(batch_id)
+        self.rewarded(self.store.submit(_waiting).result())
+
+    def _attempt(self, work: Callable[[], Any]) -> float:
+        """Run ``work``; the wait before the next pass (the interval, or a growing backoff after failures)."""
+        try:
+            work()
+        except Exception:  # noqa: BLE001 - retried with backoff: a claimed batch keeps its id
+            self._failures += 1
+            wait = min(self.interval_s, self.retry_s * 2 ** min(self._failures - 1, 16))
+            _log.exception("committing a batch failed; retrying in %.2f s", wait)
+            return wait
+        self._failures = 0
+        return self.interval_s
+
+    def _run(self) -> None:
+        wait = self._attempt(self._resume)
+        while True:
+            self._wake.wait(wait)  # the interval, or woken by rewards (or stop)
+            if self._stop.is_set():
+                return
+            self._wake.clear()
+            wait = self._attempt(self.run_once)
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop the thread (a batch being sent finishes or stays ``committing``); never raises."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
