@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -16,6 +17,9 @@ from starlette.routing import Route
 
 from reinforge.plugin import load_settings
 from reinforge_online.config import OnlineSettings, Secrets
+
+# One client for every test: making an httpx client loads CA certificates (a third of a second here).
+HTTP = httpx.Client(verify=False, timeout=10)
 
 TRAFFIC_KEY = "traffic-key"
 ADMIN_KEY = "admin-key"
@@ -208,15 +212,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def settings(upstream: str, policy: str | None, store: Path, **overrides: Any) -> OnlineSettings:
+def settings(upstream_url: str, policy_url: str | None, store: Path, **overrides: Any) -> OnlineSettings:
     data: dict[str, Any] = {
-        "upstream": {"url": upstream},
+        "upstream": {"url": upstream_url},
         "auth": {"traffic_key_env": "T", "admin_key_env": "A", "feedback_secret_env": "F"},
         "store": {"path": str(store), "probe_interval_s": 0.05, "busy_timeout_ms": 50},
         "selection": {"sampling_rate": 0.0},
     }
-    if policy is not None:
-        data["policy"] = {"url": policy, "model": "pol"}
+    if policy_url is not None:
+        data["policy"] = {"url": policy_url, "model": "pol"}
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(data.get(key), dict):
             data[key] = {**data[key], **value}

@@ -136,7 +136,7 @@ def test_the_gateway_commits_rewarded_traces_to_jsonl(gateway, tmp_path):
     out = tmp_path / "batches"
     server = gateway(selection={"sampling_rate": 1.0}, committer={"kind": "sink", "path": str(out), "min_traces": 2})
     gw = server.server.config.app.state.gateway
-    with httpx.Client(headers={"authorization": f"Bearer {TRAFFIC_KEY}"}) as client:
+    with httpx.Client(headers={"authorization": f"Bearer {TRAFFIC_KEY}"}, verify=False) as client:
         for _ in range(2):
             r = client.post(f"{server.v1}/chat/completions", json={"model": "m", "messages": []})
             fb = client.post(

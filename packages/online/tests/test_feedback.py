@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 import pytest
-from online_testlib import SECRET, TRAFFIC_KEY
+from online_testlib import HTTP, SECRET, TRAFFIC_KEY
 
 from reinforge_online import feedback_token
 
@@ -19,7 +19,7 @@ def gw(server: Any) -> Any:
 
 
 def sampled(server: Any) -> tuple[str, str]:
-    r = httpx.post(f"{server.v1}/chat/completions", json=BODY, headers={"authorization": f"Bearer {TRAFFIC_KEY}"})
+    r = HTTP.post(f"{server.v1}/chat/completions", json=BODY, headers={"authorization": f"Bearer {TRAFFIC_KEY}"})
     assert r.status_code == 200
     return r.headers["x-reinforge-trace-id"], r.headers["x-reinforge-feedback-token"]
 
@@ -27,7 +27,7 @@ def sampled(server: Any) -> tuple[str, str]:
 def send(server: Any, body: Any, token: str | None) -> httpx.Response:
     headers = {"x-reinforge-feedback-token": token} if token else {}
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(f"{server.base}/online/v1/feedback", content=content, headers=headers)
+    return HTTP.post(f"{server.base}/online/v1/feedback", content=content, headers=headers)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import openai
 import pytest
 from online_testlib import (
     ADMIN_KEY,
+    HTTP,
     MODELS_BODY,
     POLICY_LOGPROBS,
     POLICY_PROMPT_IDS,
@@ -42,11 +43,13 @@ def post(server: Any, body: Any, key: str | None = TRAFFIC_KEY, **kw: Any) -> ht
     headers = {"authorization": f"Bearer {key}"} if key else {}
     headers.update(kw.pop("headers", {}))
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(f"{server.v1}/chat/completions", content=content, headers=headers, timeout=10, **kw)
+    return HTTP.post(f"{server.v1}/chat/completions", content=content, headers=headers, timeout=10, **kw)
 
 
 def client(server: Any, **headers: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.v1, api_key=TRAFFIC_KEY, default_headers=headers or None, max_retries=0)
+    return openai.OpenAI(
+        base_url=server.v1, api_key=TRAFFIC_KEY, default_headers=headers or None, max_retries=0, http_client=HTTP
+    )
 
 
 # -- unsampled: byte-identical pass-through ------------------------------------------------------------------------
@@ -55,7 +58,7 @@ def client(server: Any, **headers: str) -> openai.OpenAI:
 def test_unsampled_non_stream_is_byte_identical(gateway, upstream, fakes):
     up, _ = fakes
     server = gateway()
-    direct = httpx.post(f"{upstream[1].v1}/chat/completions", json=BODY)
+    direct = HTTP.post(f"{upstream[1].v1}/chat/completions", json=BODY)
     via = post(server, BODY, headers={"x-session-id": "s1", "cookie": "c=1"})
     assert via.status_code == direct.status_code == 200
     assert via.content == direct.content == UPSTREAM_BODY
@@ -71,9 +74,9 @@ def test_unsampled_non_stream_is_byte_identical(gateway, upstream, fakes):
 
 def test_unsampled_stream_is_byte_identical_and_openai_reads_it(gateway, upstream, fakes):
     server = gateway()
-    with httpx.stream("POST", f"{upstream[1].v1}/chat/completions", json={**BODY, "stream": True}) as r:
+    with HTTP.stream("POST", f"{upstream[1].v1}/chat/completions", json={**BODY, "stream": True}) as r:
         direct = b"".join(r.iter_raw())
-    with httpx.stream(
+    with HTTP.stream(
         "POST",
         f"{server.v1}/chat/completions",
         json={**BODY, "stream": True},
@@ -93,7 +96,7 @@ def test_unsampled_stream_is_byte_identical_and_openai_reads_it(gateway, upstrea
 
 def test_models_pass_through(gateway):
     server = gateway()
-    r = httpx.get(f"{server.v1}/models", headers={"authorization": f"Bearer {TRAFFIC_KEY}"})
+    r = HTTP.get(f"{server.v1}/models", headers={"authorization": f"Bearer {TRAFFIC_KEY}"})
     assert r.status_code == 200 and r.content == MODELS_BODY
     assert [m.id for m in client(server).models.list()] == ["gpt-up"]
 
@@ -218,11 +221,11 @@ def test_wrong_or_missing_key_is_401(gateway, fakes):
     assert post(server, BODY, key="nope").json()["error"]["code"] == "invalid_api_key"
     assert post(server, BODY, key=ADMIN_KEY).status_code == 401  # the admin key is not a traffic key
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=server.v1, api_key="wrong", max_retries=0).chat.completions.create(
+        openai.OpenAI(base_url=server.v1, api_key="wrong", max_retries=0, http_client=HTTP).chat.completions.create(
             model="gpt-up", messages=MESSAGES
         )
-    assert httpx.get(f"{server.v1}/models").status_code == 401
-    assert httpx.get(f"{server.base}/metrics", headers={"authorization": f"Bearer {TRAFFIC_KEY}"}).status_code == 401
+    assert HTTP.get(f"{server.v1}/models").status_code == 401
+    assert HTTP.get(f"{server.base}/metrics", headers={"authorization": f"Bearer {TRAFFIC_KEY}"}).status_code == 401
     assert fakes[0].requests == []
 
 
@@ -241,8 +244,8 @@ def test_oversized_and_malformed_bodies(gateway, fakes):
 def test_healthz_and_metrics(gateway):
     server = gateway(selection={"sampling_rate": 1.0})
     post(server, BODY)
-    assert httpx.get(f"{server.base}/healthz").json() == {"status": "ok", "store": "ok", "sampling": True}
-    text = httpx.get(f"{server.base}/metrics", headers={"authorization": f"Bearer {ADMIN_KEY}"}).text
+    assert HTTP.get(f"{server.base}/healthz").json() == {"status": "ok", "store": "ok", "sampling": True}
+    text = HTTP.get(f"{server.base}/metrics", headers={"authorization": f"Bearer {ADMIN_KEY}"}).text
     assert 'reinforge_online_requests_total{path="policy",route="/v1/chat/completions",status="200"} 1.0' in text
     assert "reinforge_online_sampled_total 1.0" in text
     assert "reinforge_online_added_latency_seconds_bucket" in text
@@ -262,9 +265,9 @@ def test_sampling_pauses_while_the_store_is_unhealthy(gateway, fakes):
         r = post(server, BODY)  # sampling paused: the upstream answers
         assert r.content == UPSTREAM_BODY
         m = gw(server).metrics
-        assert m.paused._value.get() == 1
+        assert m.paused.labels("store")._value.get() == 1
         assert m.store_errors.labels("write_failed")._value.get() == 1
-        assert httpx.get(f"{server.base}/healthz").json()["store"] == "unhealthy"
+        assert HTTP.get(f"{server.base}/healthz").json()["store"] == "unhealthy"
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
@@ -320,3 +323,19 @@ def test_a_policy_stream_that_fails_midway_is_relayed_and_not_recorded(gateway, 
     assert r.status_code == 200
     assert b'"error"' in r.content and r.content.endswith(b"data: [DONE]\n\n")
     wait_recorded(server, 0)
+
+
+def test_sampling_pauses_after_policy_failures_and_resumes(gateway, fakes):
+    fakes[1].fail = True
+    server = gateway(selection={"sampling_rate": 1.0}, policy={"failures_before_pause": 2, "pause_s": 3600})
+    m = gw(server).metrics
+    with httpx.Client(headers={"authorization": f"Bearer {TRAFFIC_KEY}"}, verify=False) as c:
+        for _ in range(4):
+            assert c.post(f"{server.v1}/chat/completions", json=BODY).content == UPSTREAM_BODY
+    assert m.fallbacks.labels("server_error")._value.get() == 2  # then the breaker opened
+    assert m.paused.labels("policy")._value.get() == 2 and m.policy_healthy._value.get() == 0
+    assert len(fakes[1].requests) == 2
+    fakes[1].fail = False
+    gw(server)._policy_paused_until = 1.0  # the pause is over (a monotonic time long past)
+    r = post(server, BODY)
+    assert r.json()["choices"][0]["message"]["content"] == "policy" and m.policy_healthy._value.get() == 1

@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
-from online_testlib import TRAFFIC_KEY, UPSTREAM_BODY
+from online_testlib import HTTP, TRAFFIC_KEY, UPSTREAM_BODY
 
 import reinforge_online.plugin as ours
 from reinforge.plugin import ConfigError, Settings, get_plugin_manager, hookimpl, load_settings
@@ -163,7 +163,7 @@ def test_a_raising_strategy_leaves_requests_unsampled(gateway, tmp_path, upstrea
 
     s = settings(upstream[1].v1, policy[1].v1, tmp_path / "b.sqlite")
     with BackgroundServer(build_app(s, SECRETS, selection=Broken())) as server:
-        r = httpx.post(
+        r = HTTP.post(
             f"{server.v1}/chat/completions",
             content=json.dumps({"model": "m", "messages": []}),
             headers={"authorization": f"Bearer {TRAFFIC_KEY}"},
@@ -174,7 +174,7 @@ def test_a_raising_strategy_leaves_requests_unsampled(gateway, tmp_path, upstrea
 def test_sticky_through_the_gateway(gateway):
     server = gateway(selection={"sampling_rate": 0.5, "salt": "k"})
     rate = SamplingRate(0.5, salt="k")
-    with httpx.Client(headers={"authorization": f"Bearer {TRAFFIC_KEY}"}) as client:
+    with httpx.Client(headers={"authorization": f"Bearer {TRAFFIC_KEY}"}, verify=False) as client:
         for i in range(12):
             session = f"conv-{i}"
             got = [

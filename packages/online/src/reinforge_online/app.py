@@ -176,6 +176,8 @@ class Gateway:
             else None
         )
         self.max_body = settings.limits.max_body_bytes
+        self._policy_failures = 0
+        self._policy_paused_until = 0.0
         self.committer = self._committer(settings)
 
     def _committer(self, settings: OnlineSettings) -> Committer | None:
@@ -237,7 +239,10 @@ class Gateway:
         """Whether to sample (never while the store is unhealthy) and the request's session."""
         session = session_of(request.headers, body, self.settings.selection.session_header)
         if not self.store.healthy:
-            self.metrics.paused.inc()
+            self.metrics.paused.labels("store").inc()
+            return False, session
+        if self._policy_paused_until and time.monotonic() < self._policy_paused_until:
+            self.metrics.paused.labels("policy").inc()
             return False, session
         try:
             chosen = bool(self.selection.select(SelectionRequest(CHAT_ROUTE, request.headers, body, session)))
@@ -314,10 +319,25 @@ class Gateway:
             return await self._sampled(request, raw, body, session, start, self.upstream, mode)
         assert self.policy is not None  # route mode needs policy: checked with the settings
         try:
-            return await self._sampled(request, raw, body, session, start, self.policy, mode)
+            response = await self._sampled(request, raw, body, session, start, self.policy, mode)
         except _Fallback as fb:
             self.metrics.fallbacks.labels(fb.reason).inc()
+            self._policy_failed()
             return await self._pass_through(request, raw, start, path="fallback")
+        self._policy_failures, self._policy_paused_until = 0, 0.0
+        self.metrics.policy_healthy.set(1)
+        return response
+
+    def _policy_failed(self) -> None:
+        """A circuit breaker: after ``failures_before_pause`` failures in a row sampling pauses for ``pause_s``.
+
+        The first sampled request after the pause tries the policy again; a failure pauses it again.
+        """
+        assert self.settings.policy is not None
+        self._policy_failures += 1
+        if self._policy_failures >= self.settings.policy.failures_before_pause:
+            self._policy_paused_until = time.monotonic() + self.settings.policy.pause_s
+            self.metrics.policy_healthy.set(0)
 
     async def _sampled(
         self,

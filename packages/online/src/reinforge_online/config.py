@@ -97,11 +97,15 @@ class PolicySettings(Settings):
     model: str | None = None
     timeout_s: float = 600.0
     max_connections: int = 64
+    failures_before_pause: int = 3
+    pause_s: float = 5.0
 
     def check(self) -> None:
         _url("url", self.url)
         at_least("timeout_s", self.timeout_s, 0.0, strict=True)
         at_least("max_connections", self.max_connections, 1)
+        at_least("failures_before_pause", self.failures_before_pause, 1)
+        at_least("pause_s", self.pause_s, 0.0)
 
 
 @dataclass

@@ -25,9 +25,14 @@ class Metrics:
         self.sampled = Counter("reinforge_online_sampled", "requests selected for the policy or recording", registry=r)
         self.paused = Counter(
             "reinforge_online_sampling_paused",
-            "requests not offered to selection because the store was unhealthy",
+            "requests not offered to selection because the store or the policy was unhealthy",
+            ["reason"],
             registry=r,
         )
+        self.policy_healthy = Gauge(
+            "reinforge_online_policy_healthy", "0 while sampling pauses after policy failures", registry=r
+        )
+        self.policy_healthy.set(1)
         self.fallbacks = Counter(
             "reinforge_online_fallbacks", "sampled requests answered by the upstream instead", ["reason"], registry=r
         )

@@ -77,11 +77,16 @@ class Upstream:
         self.timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
         self.limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._client: httpx.AsyncClient | None = None
+        _ = self.client  # made now, not on the first request (loading CA certificates takes a while)
 
     @property
     def client(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout, limits=self.limits, follow_redirects=False)
+            # Plain http:// never reaches TLS (redirects are not followed), so it needs no CA certificates.
+            tls = self.url.startswith("https://")
+            self._client = httpx.AsyncClient(
+                timeout=self.timeout, limits=self.limits, follow_redirects=False, verify=tls
+            )
         return self._client
 
     def target(self, path: str) -> str:
