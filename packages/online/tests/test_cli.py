@@ -1,0 +1,85 @@
+"""``reinforge online serve online.yaml`` as a user runs it: a process on uvicorn, stopped by SIGINT."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from online_testlib import HTTP, UPSTREAM_BODY, free_port
+
+REINFORGE = [sys.executable, "-c", "import sys; from reinforge.cli import main; sys.exit(main())"]
+
+
+def test_the_command_serves_the_gateway(tmp_path, upstream, fakes):
+    port = free_port()
+    (tmp_path / "online.yaml").write_text(
+        json.dumps(
+            {
+                "upstream": {"url": upstream[1].v1, "key_env": "UP_KEY"},
+                "mode": "record",
+                "listen": {"port": port},
+                "auth": {"traffic_key_env": "T_KEY", "admin_key_env": "A_KEY", "feedback_secret_env": "F_KEY"},
+            }
+        )
+    )
+    env = {
+        **os.environ,
+        "T_KEY": "t",
+        "A_KEY": "a",
+        "F_KEY": "f",
+        "UP_KEY": "u",
+        "REINFORGE_LOAD_PLUGINS": "reinforge-online",
+    }
+    proc = subprocess.Popen(
+        [*REINFORGE, "online", "serve", str(tmp_path / "online.yaml"), "--log-level", "info"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    ready = threading.Event()
+    lines: list[str] = []
+
+    def watch() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "Uvicorn running on" in line:  # bound and listening
+                ready.set()
+        ready.set()  # it exited
+
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        assert ready.wait(60) and proc.poll() is None, "".join(lines)
+        base = f"http://127.0.0.1:{port}"
+        r = HTTP.post(
+            f"{base}/v1/chat/completions", json={"model": "m", "messages": []}, headers={"authorization": "Bearer t"}
+        )
+        assert r.status_code == 200 and r.content == UPSTREAM_BODY
+        assert fakes[0].requests[-1][0]["authorization"] == "Bearer u"
+        assert HTTP.get(f"{base}/metrics", headers={"authorization": "Bearer a"}).status_code == 200
+        assert (tmp_path / "traces.sqlite").exists()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(30)
+    out = "".join(lines)
+    # uvicorn shuts down cleanly (the store drained by the lifespan), then re-raises the signal it caught
+    assert code in (0, 130) and "Application shutdown complete" in out and "Traceback" not in out, out
+    assert "reinforge-online: gateway at" in out
+
+
+def test_a_bad_file_is_a_clear_error_without_a_traceback(tmp_path):
+    (tmp_path / "online.yaml").write_text("upstream: {url: 'http://127.0.0.1:1/v1'}\nmode: shadow\n")
+    proc = subprocess.run(
+        [*REINFORGE, "online", "serve", str(tmp_path / "online.yaml")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "REINFORGE_LOAD_PLUGINS": "reinforge-online"},
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert "online.yaml: mode: shadow mode is not implemented yet" in proc.stderr
+    assert "Traceback" not in proc.stderr
