@@ -339,3 +339,12 @@ def test_sampling_pauses_after_policy_failures_and_resumes(gateway, fakes):
     gw(server)._policy_paused_until = 1.0  # the pause is over (a monotonic time long past)
     r = post(server, BODY)
     assert r.json()["choices"][0]["message"]["content"] == "policy" and m.policy_healthy._value.get() == 1
+
+
+def test_the_upstreams_own_errors_pass_through_unchanged(gateway, upstream, fakes):
+    fakes[0].fail = True
+    server = gateway()
+    direct = HTTP.post(f"{upstream[1].v1}/chat/completions", json=BODY)
+    via = post(server, BODY)
+    assert via.status_code == direct.status_code == 500
+    assert via.content == direct.content and via.json()["error"]["message"] == "upstream broke"

@@ -111,6 +111,37 @@ def _strip(data: dict[str, Any], token_ids: bool, logprobs: bool) -> dict[str, A
     return data
 
 
+_BUFFERED = 1 << 20  # bodies up to this size with a content-length go out in one piece
+
+
+async def _relayed(resp: httpx.Response) -> Response:
+    """The upstream's response as the client gets it: status, headers, body bytes as sent.
+
+    A small body of known length is read whole and sent in one message (cheaper than a
+    streamed response); anything else, server-sent events included, streams through chunk by chunk.
+    """
+    headers = response_headers(list(resp.headers.raw))
+    length = resp.headers.get("content-length", "")
+    streamed = "text/event-stream" in resp.headers.get("content-type", "")
+    if not streamed and length.isdigit() and int(length) <= _BUFFERED:
+        try:
+            body = b"".join([chunk async for chunk in resp.aiter_raw()])
+        except httpx.HTTPError as exc:
+            raise ApiError(
+                f"the upstream's response broke off: {type(exc).__name__}: {exc}",
+                status=502,
+                code="upstream_broke_off",
+                kind="server_error",
+            ) from exc
+        finally:
+            await resp.aclose()
+        out = Response(body, status_code=resp.status_code)
+    else:
+        out = StreamingResponse(raw_chunks(resp), status_code=resp.status_code)
+    out.raw_headers = headers
+    return out
+
+
 class _CountRequests:
     """ASGI middleware: every response counted by route, the path it took and its status."""
 
@@ -278,8 +309,7 @@ class Gateway:
                 code="upstream_unreachable",
                 kind="server_error",
             ) from exc
-        out = StreamingResponse(raw_chunks(resp), status_code=resp.status_code)
-        out.raw_headers = response_headers(list(resp.headers.raw))
+        out = await _relayed(resp)
         self.metrics.added.labels(path).observe(before)
         return out
 
@@ -381,9 +411,7 @@ class Gateway:
             if mode == "route":
                 await resp.aclose()
                 raise _Fallback("server_error" if resp.status_code >= 500 else "rejected")
-            out = StreamingResponse(raw_chunks(resp), status_code=resp.status_code)  # the upstream's own answer
-            out.raw_headers = response_headers(list(resp.headers.raw))
-            return out
+            return await _relayed(resp)  # the upstream's own answer
         trace_id = uuid.uuid4().hex
         version = resp.headers.get("x-policy-version")
         record = CallRecord(
