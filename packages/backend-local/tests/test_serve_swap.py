@@ -337,8 +337,64 @@ def test_adapter_given_at_start_swaps_away_exactly(model_folder: Any, adapters: 
 
     served = load(resolve_source(str(model_folder), str(adapters["a"])), max_batch=2, max_model_len=512)
     assert served.adapter == adapters["a"] and served.swapper is not None
-    base = load_policy(str(model_folder))[0].state_dict()
-    name = "model.layers.0.self_attn.q_proj.weight"
-    assert not torch.equal(served.engine.model.state_dict()[name], base[name])
-    served.swapper.apply(served.swapper.read(None)[1])
-    assert all(torch.equal(v, base[k]) for k, v in served.engine.model.state_dict().items())
+    base = load_policy(str(model_folder))[0]
+    model, swapper = served.engine.model, served.swapper
+
+    def weight(name: str) -> Any:  # what the decoder multiplies by: the packed copy when the plain one is gone
+        module = model.get_submodule(name)
+        if swapper.released is not None and name in swapper.released.held:
+            return _unpacked(swapper.packer.pinned[id(module)], module.weight.shape[1])
+        return module.weight
+
+    def want(name: str) -> Any:
+        return base.get_submodule(name).weight.detach()
+
+    names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert not torch.equal(weight("model.layers.0.self_attn.q_proj"), want("model.layers.0.self_attn.q_proj"))
+    swapper.apply(swapper.read(None)[1])
+    assert all(torch.equal(weight(n), want(n)) for n in names)
+
+
+def test_released_weights_serve_packed_and_swap_exactly_from_the_folder(
+    model_folder: Any, adapters: dict[str, Path]
+) -> None:
+    """``reinforge serve`` keeps each linear weight once (packed); a swap reads the base back from the folder."""
+    import threading
+
+    import torch
+    from peft import PeftModel
+
+    from reinforge_backend_local import packing
+    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.serve.model import AdapterSwapper
+
+    if not packing.available():
+        pytest.skip("oneDNN is not available in this torch build")
+    model, _, _ = load_policy(str(model_folder))
+    model.requires_grad_(False)
+    packer = packing.Packer()
+    swapper = AdapterSwapper(model, threading.Lock(), packer)
+    assert swapper.release(model_folder) == 7 * model.config.num_hidden_layers  # q k v o gate up down
+    q = model.model.layers[0].self_attn.q_proj
+    assert q.weight.shape == (576, 576) and q.weight.stride() == (0, 0)  # one number, the shape kept
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    embedding = model.get_input_embeddings().weight
+    assert sum(storages.values()) < embedding.numel() * embedding.element_size() * 1.1  # the embedding, norms
+
+    swapper.apply(swapper.read(adapters["b"])[1])
+    reference, _, _ = load_policy(str(model_folder))
+    merged = PeftModel.from_pretrained(reference, str(adapters["b"])).merge_and_unload()
+    want = merged.model.layers[0].self_attn.q_proj.weight.detach()
+    assert torch.equal(_unpacked(packer.pinned[id(q)], 576), want)  # peft's merge, exactly
+    swapper.apply({})
+    base, _, _ = load_policy(str(model_folder))
+    assert torch.equal(_unpacked(packer.pinned[id(q)], 576), base.model.layers[0].self_attn.q_proj.weight.detach())
+
+
+def _unpacked(packed: Any, fan_in: int) -> Any:
+    """A packed weight as a plain one: the identity times it (each product is exact: one 1, the rest 0)."""
+    import torch
+
+    from reinforge_backend_local import packing
+
+    return packing.packed_linear(torch.eye(fan_in), packed, None).T.contiguous()

@@ -46,9 +46,18 @@ class Packer:
 
     def __init__(self) -> None:
         self.entries: dict[int, list[tuple[torch.Tensor, int, torch.Tensor]]] = {}
+        self.pinned: dict[int, torch.Tensor] = {}  # owners whose plain weight is gone: this is their weight
+
+    def pin(self, owner: Any, packed: torch.Tensor) -> None:
+        """Make ``packed`` the weight of ``owner`` whatever its ``weight`` attribute holds (a server drops those)."""
+        self.entries.pop(id(owner), None)  # an entry holds the plain weight: let it go
+        self.pinned[id(owner)] = packed
 
     def packed(self, owner: Any, weight: torch.Tensor) -> torch.Tensor | None:
         """``weight`` (of ``owner``) prepacked, or ``None`` where packing does not apply."""
+        pinned = self.pinned.get(id(owner))
+        if pinned is not None:
+            return pinned
         if weight.dtype not in (torch.float32, torch.bfloat16) or not weight.is_cpu or not available():
             return None
         versions = self.entries.setdefault(id(owner), [])
@@ -56,10 +65,15 @@ class Packer:
             if held.data_ptr() == weight.data_ptr() and version == _version(weight):
                 return packed
         held = weight.detach()
-        packed = torch.ops.mkldnn._reorder_linear_weight(held)
+        packed = pack(held)
         versions.append((held, _version(held), packed))
         del versions[:-_KEEP]
         return packed
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` in oneDNN's blocked layout (what :class:`Packer` keeps)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight)
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
