@@ -480,7 +480,12 @@ class Gateway:
         want_logprobs: bool,
         model: str | None,
     ) -> AsyncIterator[bytes]:
-        """The policy's SSE stream to the client, extra fields stripped; recorded once it completed."""
+        """The policy's SSE stream to the client, extra fields stripped.
+
+        The call is recorded when ``[DONE]`` arrives, before it is passed on, so a client that
+        saw the end of the stream knows its call was handed to the store (a stream that broke
+        off or carried an error event is not recorded).
+        """
         choices: dict[int, _Choice] = {}
         meta: dict[str, Any] = {}
         done = failed = False
@@ -495,6 +500,8 @@ class Gateway:
                     if not data:
                         continue
                     if data == b"[DONE]":
+                        if not (done or failed) and choices:  # queued before the client can see the end
+                            self._record(self._streamed(record, choices, meta, sent, first_at, model))
                         done = True
                         yield b"data: [DONE]\n\n"
                         continue
@@ -527,8 +534,17 @@ class Gateway:
             return
         finally:
             await resp.aclose()
-        if not done or failed or not choices:
-            return
+
+    def _streamed(
+        self,
+        record: CallRecord,
+        choices: dict[int, _Choice],
+        meta: dict[str, Any],
+        sent: float,
+        first_at: float | None,
+        model: str | None,
+    ) -> CallRecord:
+        """``record`` completed from a whole stream: the choices put back together, token ids, timing."""
         end = time.perf_counter()
         first = choices.get(0) or next(iter(choices.values()))
         record.token_ids = first.token_ids or None
@@ -549,7 +565,7 @@ class Gateway:
             ],
             "usage": meta.get("usage"),
         }
-        self._record(record)
+        return record
 
     async def models(self, request: Request) -> Response:
         auth.check_traffic(request.headers.get("authorization"), self.secrets.traffic_key)
