@@ -348,3 +348,36 @@ def test_the_upstreams_own_errors_pass_through_unchanged(gateway, upstream, fake
     via = post(server, BODY)
     assert via.status_code == direct.status_code == 500
     assert via.content == direct.content and via.json()["error"]["message"] == "upstream broke"
+
+
+def test_an_episode_of_several_calls_continues_one_trace(gateway, fakes):
+    server = gateway(selection={"sampling_rate": 0.0})  # continuing a trace does not depend on selection
+    # the first call is marked for sampling by a gateway with sampling on; here, start it by hand
+    store = gw(server).store
+    from online_testlib import SECRET
+
+    from reinforge_online import CallRecord, feedback_token
+
+    store.record(CallRecord("ep1", "c0", "/v1/chat/completions", "route", {"messages": []}, {})).result(10)
+    token = feedback_token(SECRET, "ep1")
+    headers = {"x-reinforge-trace-id": "ep1", "x-reinforge-feedback-token": token}
+    for turn in range(2):
+        r = post(server, {**BODY, "messages": [*MESSAGES, {"role": "user", "content": str(turn)}]}, headers=headers)
+        assert r.status_code == 200 and r.headers["x-reinforge-trace-id"] == "ep1"
+        assert r.json()["choices"][0]["message"]["content"] == "policy"
+    wait_recorded(server, 3)
+    calls = store.trace("ep1")["calls"]
+    assert [c["call_id"] for c in calls][0] == "c0" and len(calls) == 3
+    assert calls[2]["request"]["messages"][-1]["content"] == "1"
+    assert all("x-reinforge-trace-id" not in h for h, _ in fakes[1].requests)
+    bad = post(server, BODY, headers={**headers, "x-reinforge-feedback-token": "0" * 64})
+    assert bad.status_code == 401 and bad.json()["error"]["code"] == "invalid_feedback_token"
+    fb = HTTP.post(
+        f"{server.base}/online/v1/feedback",
+        json={"trace_id": "ep1", "reward": 1.0},
+        headers={"x-reinforge-feedback-token": token},
+    )
+    assert fb.status_code == 200
+    assert post(server, BODY, headers=headers).status_code == 200  # served, but the trace is closed
+    wait_recorded(server, 3)
+    assert gw(server).metrics.closed_trace_calls._value.get() == 1

@@ -33,7 +33,7 @@ from .errors import ApiError, parse_json
 from .metrics import Metrics
 from .proxy import Upstream, raw_chunks, request_headers, response_headers
 from .selection import Selection, SelectionRequest, build_selection, session_of
-from .store import CallRecord, StoreUnavailable, TraceStore
+from .store import CallRecord, StoreUnavailable, TraceClosed, TraceStore
 
 __all__ = ["FEEDBACK_ROUTE", "Gateway", "build_app"]
 
@@ -266,8 +266,11 @@ class Gateway:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def _select(self, request: Request, body: dict[str, Any]) -> tuple[bool, str | None]:
-        """Whether to sample (never while the store is unhealthy) and the request's session."""
+    def _select(self, request: Request, body: dict[str, Any], continued: bool = False) -> tuple[bool, str | None]:
+        """Whether to sample (never while the store or policy is unhealthy) and the request's session.
+
+        A request that continues a trace is sampled whenever sampling is not paused.
+        """
         session = session_of(request.headers, body, self.settings.selection.session_header)
         if not self.store.healthy:
             self.metrics.paused.labels("store").inc()
@@ -275,6 +278,8 @@ class Gateway:
         if self._policy_paused_until and time.monotonic() < self._policy_paused_until:
             self.metrics.paused.labels("policy").inc()
             return False, session
+        if continued:
+            return True, session
         try:
             chosen = bool(self.selection.select(SelectionRequest(CHAT_ROUTE, request.headers, body, session)))
         except Exception:  # noqa: BLE001 - a broken strategy must not fail traffic: not sampled
@@ -327,8 +332,11 @@ class Gateway:
             return False
 
         def done(f: Any) -> None:
-            if f.exception() is None:
+            exc = f.exception()
+            if exc is None:
                 self.metrics.recorded.inc()
+            elif isinstance(exc, TraceClosed):
+                self.metrics.closed_trace_calls.inc()
 
         future.add_done_callback(done)
         return True
@@ -340,16 +348,18 @@ class Gateway:
         auth.check_traffic(request.headers.get("authorization"), self.secrets.traffic_key)
         raw = await self._read(request)
         body = parse_json(raw)
-        sampled, session = self._select(request, body)
+        continued = self._continued(request)
+        sampled, session = self._select(request, body, continued is not None)
         if not sampled:
             return await self._pass_through(request, raw, start)
         self.metrics.sampled.inc()
         mode = self.settings.mode_of(CHAT_ROUTE)
+        trace_id = continued or uuid.uuid4().hex
         if mode == "record":
-            return await self._sampled(request, raw, body, session, start, self.upstream, mode)
+            return await self._sampled(request, body, session, start, self.upstream, mode, trace_id)
         assert self.policy is not None  # route mode needs policy: checked with the settings
         try:
-            response = await self._sampled(request, raw, body, session, start, self.policy, mode)
+            response = await self._sampled(request, body, session, start, self.policy, mode, trace_id)
         except _Fallback as fb:
             self.metrics.fallbacks.labels(fb.reason).inc()
             self._policy_failed()
@@ -369,15 +379,27 @@ class Gateway:
             self._policy_paused_until = time.monotonic() + self.settings.policy.pause_s
             self.metrics.policy_healthy.set(0)
 
+    def _continued(self, request: Request) -> str | None:
+        """The trace a request continues (``x-reinforge-trace-id`` with its feedback token), or None.
+
+        An agent's episode of several calls becomes one trace this way; a wrong token is a 401.
+        """
+        trace_id = request.headers.get(feedback.TRACE_ID_HEADER)
+        if trace_id is None:
+            return None
+        token = request.headers.get(feedback.FEEDBACK_TOKEN_HEADER)
+        feedback.check_token(self.secrets.feedback_secret, trace_id, token)
+        return trace_id
+
     async def _sampled(
         self,
         request: Request,
-        raw: bytes,
         body: dict[str, Any],
         session: str | None,
         start: float,
         up: Upstream,
         mode: str,
+        trace_id: str,
     ) -> Response:
         """Ask ``up`` (the policy, or in record mode the upstream) with token ids and logprobs, and record it."""
         request.scope[_PATH_KEY] = "policy" if mode == "route" else "record"
@@ -412,7 +434,6 @@ class Gateway:
                 await resp.aclose()
                 raise _Fallback("server_error" if resp.status_code >= 500 else "rejected")
             return await _relayed(resp)  # the upstream's own answer
-        trace_id = uuid.uuid4().hex
         version = resp.headers.get("x-policy-version")
         record = CallRecord(
             trace_id=trace_id,

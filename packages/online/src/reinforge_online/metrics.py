@@ -40,6 +40,11 @@ class Metrics:
             "reinforge_online_store_errors", "trace writes dropped (queue_full, write_failed)", ["kind"], registry=r
         )
         self.recorded = Counter("reinforge_online_recorded_calls", "calls acknowledged by the store", registry=r)
+        self.closed_trace_calls = Counter(
+            "reinforge_online_closed_trace_calls",
+            "calls not recorded because the trace they continue already had its reward",
+            registry=r,
+        )
         self.store_healthy = Gauge("reinforge_online_store_healthy", "1 while the trace store takes writes", registry=r)
         self.store_healthy.set(1)
         self.feedback = Counter("reinforge_online_feedback", "feedback requests by status", ["status"], registry=r)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = ["SCHEMA_VERSION", "CallRecord", "StoreUnavailable", "TraceStore"]
+__all__ = ["SCHEMA_VERSION", "CallRecord", "StoreUnavailable", "TraceClosed", "TraceStore"]
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -82,6 +82,10 @@ CREATE TABLE IF NOT EXISTS batches (
 """
 
 
+class TraceClosed(Exception):
+    """A call continues a trace that already has its reward (or is in a batch): it is not recorded."""
+
+
 class StoreUnavailable(Exception):
     """The write was not accepted (queue full, store closed or unhealthy) or did not commit."""
 
@@ -105,10 +109,18 @@ class CallRecord:
     created_at: float = field(default_factory=time.time)
 
     def write(self, db: sqlite3.Connection) -> None:
-        db.execute(
-            "INSERT OR IGNORE INTO traces (trace_id, session_id, route, mode, created_at) VALUES (?, ?, ?, ?, ?)",
-            (self.trace_id, self.session_id, self.route, self.mode, self.created_at),
-        )
+        """Insert the call, and its trace unless the call continues one (which must still be open).
+
+        :raises TraceClosed: the trace already has a reward or is in a batch.
+        """
+        row = db.execute("SELECT status FROM traces WHERE trace_id = ?", (self.trace_id,)).fetchone()
+        if row is None:
+            db.execute(
+                "INSERT INTO traces (trace_id, session_id, route, mode, created_at) VALUES (?, ?, ?, ?, ?)",
+                (self.trace_id, self.session_id, self.route, self.mode, self.created_at),
+            )
+        elif row[0] != "open":
+            raise TraceClosed(f"trace {self.trace_id!r} is {row[0]}: it takes no more calls")
         db.execute(
             "INSERT INTO calls (call_id, trace_id, created_at, policy_version, request, response, prompt_token_ids,"
             " token_ids, logprobs, timing) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
