@@ -236,3 +236,20 @@ SECRETS = Secrets(
     upstream_key=UPSTREAM_KEY,
     policy_key=None,
 )
+
+
+def redact_contents(call: Any) -> Any:
+    """A redactor for the tests: every message content masked, in the request and the response."""
+    for m in call.request.get("messages") or ():
+        m["content"] = "[redacted]"
+    for c in call.response.get("choices") or ():
+        c["message"]["content"] = "[redacted]"
+    return call
+
+
+def redact_everything(call: Any) -> None:
+    return None
+
+
+def redact_raises(call: Any) -> Any:
+    raise RuntimeError("redactor bug")

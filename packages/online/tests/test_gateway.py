@@ -381,3 +381,37 @@ def test_an_episode_of_several_calls_continues_one_trace(gateway, fakes):
     assert post(server, BODY, headers=headers).status_code == 200  # served, but the trace is closed
     wait_recorded(server, 3)
     assert gw(server).metrics.closed_trace_calls._value.get() == 1
+
+
+@pytest.mark.parametrize(
+    ("ref", "stored", "drops"),
+    [
+        ("online_testlib:redact_contents", 1, None),
+        ("online_testlib:redact_everything", 0, "dropped"),
+        ("online_testlib:redact_raises", 0, "error"),
+    ],
+)
+def test_the_redactor_sees_every_call_before_it_is_stored(gateway, ref, stored, drops):
+    server = gateway(selection={"sampling_rate": 1.0}, redact=ref)
+    r = post(server, BODY)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "policy"  # the client's is intact
+    wait_recorded(server, stored)
+    if stored:
+        (call,) = gw(server).store.trace(r.headers["x-reinforge-trace-id"])["calls"]
+        assert call["request"]["messages"][0]["content"] == "[redacted]"
+        assert call["response"]["choices"][0]["message"]["content"] == "[redacted]"
+        assert call["token_ids"] == POLICY_TOKENS
+    else:
+        assert "x-reinforge-trace-id" not in r.headers
+        assert gw(server).metrics.redacted.labels(drops)._value.get() == 1
+
+
+def test_a_redactor_that_does_not_resolve_is_a_config_error(tmp_path):
+    from online_testlib import SECRETS, settings
+
+    from reinforge.plugin import ConfigError
+    from reinforge_online.app import build_app
+
+    s = settings("http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1", tmp_path / "t.sqlite", redact="no_such_mod:f")
+    with pytest.raises(ConfigError, match="redact"):
+        build_app(s, SECRETS)

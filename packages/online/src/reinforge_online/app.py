@@ -9,6 +9,7 @@ unreachable is the client's problem (a 502), since the gateway has no one else t
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import logging
 import time
@@ -32,6 +33,7 @@ from .config import CHAT_ROUTE, OnlineSettings, Secrets
 from .errors import ApiError, parse_json
 from .metrics import Metrics
 from .proxy import Upstream, raw_chunks, request_headers, response_headers
+from .redact import Redactor, resolve_redactor
 from .selection import Selection, SelectionRequest, build_selection, session_of
 from .store import CallRecord, StoreUnavailable, TraceClosed, TraceStore
 
@@ -183,8 +185,10 @@ class Gateway:
         store: TraceStore | None = None,
         selection: Selection | None = None,
         metrics: Metrics | None = None,
+        redact: Redactor | None = None,
     ) -> None:
         self.settings = settings
+        self.redact = redact or resolve_redactor(settings)
         self.secrets = secrets
         self.metrics = metrics or Metrics()
         self.selection = selection or build_selection(settings.selection)
@@ -325,7 +329,21 @@ class Gateway:
         }
 
     def _record(self, call: CallRecord) -> bool:
-        """Queue ``call`` for the store; whether it was taken (a drop is counted by the store)."""
+        """Redact ``call`` and queue it for the store; whether it was taken (a drop is counted).
+
+        A redactor that raises keeps the call out of the store (fail closed for privacy).
+        """
+        if self.redact is not None:
+            try:  # on a copy: the client's response may still be on its way
+                redacted = self.redact(copy.deepcopy(call))
+            except Exception:  # noqa: BLE001 - the user's redactor: the call is not stored
+                _log.exception("the redactor raised; the call is not stored")
+                self.metrics.redacted.labels("error").inc()
+                return False
+            if redacted is None:
+                self.metrics.redacted.labels("dropped").inc()
+                return False
+            call = redacted
         try:
             future = self.store.record(call)
         except StoreUnavailable:
@@ -647,12 +665,13 @@ def build_app(
     store: TraceStore | None = None,
     selection: Selection | None = None,
     metrics: Metrics | None = None,
+    redact: Redactor | None = None,
 ) -> Starlette:
     """The gateway's ASGI app; its lifespan closes the clients and drains the store at shutdown.
 
     ``app.state.gateway`` is the :class:`Gateway` (its ``store`` and ``metrics`` included).
     """
-    gw = Gateway(settings, secrets, store=store, selection=selection, metrics=metrics)
+    gw = Gateway(settings, secrets, store=store, selection=selection, metrics=metrics, redact=redact)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -207,6 +207,8 @@ class OnlineSettings(Settings):
     limits: LimitSettings = field(default_factory=LimitSettings)
     feedback: FeedbackSettings = field(default_factory=FeedbackSettings)
     committer: CommitterSettings = field(default_factory=CommitterSettings)
+    redact: str | None = None
+    base_dir: str | None = field(default=None, metadata={"yaml": False})  # the file's folder, for `redact`
 
     def check(self) -> None:
         _mode("mode", self.mode)
@@ -293,6 +295,7 @@ def load_config(path: str | Path, *, dev: bool = False) -> OnlineSettings:
     if dev and isinstance(data, dict):
         data = {**data, "dev": True}
     settings = load_settings(OnlineSettings, data, where=where)
+    settings.base_dir = str(file.parent.resolve())
     for part in (settings.store, settings.committer):
         where_to = Path(part.path).expanduser()
         if not where_to.is_absolute():

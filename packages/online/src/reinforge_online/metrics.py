@@ -40,6 +40,12 @@ class Metrics:
             "reinforge_online_store_errors", "trace writes dropped (queue_full, write_failed)", ["kind"], registry=r
         )
         self.recorded = Counter("reinforge_online_recorded_calls", "calls acknowledged by the store", registry=r)
+        self.redacted = Counter(
+            "reinforge_online_redaction_drops",
+            "calls the redactor kept out of the store (dropped: it returned None; error: it raised)",
+            ["result"],
+            registry=r,
+        )
         self.closed_trace_calls = Counter(
             "reinforge_online_closed_trace_calls",
             "calls not recorded because the trace they continue already had its reward",
