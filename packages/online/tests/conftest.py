@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,8 @@ def fakes(upstream: Any, policy: Any) -> Iterator[tuple[FakeUpstream, FakePolicy
     yield upstream[0], policy[0]
     for fake in (upstream[0], policy[0]):
         fake.fail, fake.behaviour = False, "ok"
+        fake.hold.set()
+        fake.hold = threading.Event()
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -59,6 +60,7 @@ class Fake:
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.fail = False
         self.behaviour = "ok"  # the policy's: "garbage" (200, not JSON) or "error_event" (a stream that fails)
+        self.hold = threading.Event()  # the upstream's, with behaviour "hang": answers once it is set
 
     async def _record(self, request: Request) -> bytes:
         raw = await request.body()
@@ -75,6 +77,8 @@ class FakeUpstream(Fake):
             raw = await self._record(request)
             if self.fail:
                 return JSONResponse({"error": {"message": "upstream broke"}}, status_code=500)
+            if self.behaviour == "hang":
+                await asyncio.to_thread(self.hold.wait, 30)
             if json.loads(raw).get("stream"):
 
                 async def chunks() -> AsyncIterator[bytes]:

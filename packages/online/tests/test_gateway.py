@@ -415,3 +415,11 @@ def test_a_redactor_that_does_not_resolve_is_a_config_error(tmp_path):
     s = settings("http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1", tmp_path / "t.sqlite", redact="no_such_mod:f")
     with pytest.raises(ConfigError, match="redact"):
         build_app(s, SECRETS)
+
+
+def test_an_upstream_that_does_not_answer_in_time_is_a_504(gateway, fakes):
+    fakes[0].behaviour = "hang"
+    server = gateway(upstream={"timeout_s": 0.2})
+    r = post(server, BODY)
+    assert r.status_code == 504 and r.json()["error"]["code"] == "upstream_timeout"
+    fakes[0].hold.set()

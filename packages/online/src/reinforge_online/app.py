@@ -311,13 +311,7 @@ class Gateway:
         try:
             resp = await up.client.send(req, stream=True)
         except httpx.HTTPError as exc:
-            request.scope[_PATH_KEY] = "gateway"
-            raise ApiError(
-                f"the upstream API is unreachable: {type(exc).__name__}: {exc}",
-                status=502,
-                code="upstream_unreachable",
-                kind="server_error",
-            ) from exc
+            raise self._unreachable(request, exc) from exc
         out = await _relayed(resp)
         self.metrics.added.labels(path).observe(before)
         return out
@@ -502,7 +496,15 @@ class Gateway:
         return response
 
     def _unreachable(self, request: Request, exc: Exception) -> ApiError:
+        """The client's error when the upstream cannot be asked: 504 for a timeout, else 502."""
         request.scope[_PATH_KEY] = "gateway"
+        if isinstance(exc, httpx.TimeoutException):
+            return ApiError(
+                f"the upstream API did not answer in time: {type(exc).__name__}",
+                status=504,
+                code="upstream_timeout",
+                kind="server_error",
+            )
         return ApiError(
             f"the upstream API is unreachable: {type(exc).__name__}: {exc}",
             status=502,
