@@ -173,3 +173,59 @@ def test_close_drains_the_queue_and_never_raises(tmp_path):
         assert again.count("calls") == 20
     finally:
         again.close()
+
+
+def old_call(i: int, age_s: float) -> CallRecord:
+    c = call(i)
+    c.created_at -= age_s
+    return c
+
+
+def test_ttl_sweeps_delete_old_open_and_committed_traces_only(tmp_path):
+    from reinforge_online.feedback import FeedbackRequest, apply_feedback
+
+    store = TraceStore(tmp_path / "t.sqlite", ttl_s=3600, sweep_interval_s=3600)
+    try:
+        for i in range(4):
+            store.record(old_call(i, 7200)).result(10)
+        store.record(call(9)).result(10)  # young: kept
+        req = FeedbackRequest("t1", 1.0, None)
+        store.submit(lambda db: apply_feedback(db, req, 1.0, "first-wins")).result(10)  # rewarded: kept
+        store.submit(lambda db: db.execute("UPDATE traces SET status = 'committed' WHERE trace_id = 't2'")).result(10)
+        store.submit(lambda db: db.execute("UPDATE traces SET status = 'committing' WHERE trace_id = 't3'")).result(10)
+        assert store.sweep(3600).result(10) == 2  # t0 (open, old) and t2 (committed, old)
+        assert set(store.trace_ids()) == {"t1", "t3", "t9"}
+        assert store.count("calls") == 3 and store.count("rewards") == 1
+    finally:
+        store.close()
+
+
+def test_the_writer_sweeps_on_its_own(tmp_path):
+    path = tmp_path / "t.sqlite"
+    first = TraceStore(path)
+    first.record(old_call(0, 7200)).result(10)
+    first.close()
+    store = TraceStore(path, ttl_s=3600, sweep_interval_s=3600)  # a sweep right after start
+    try:
+        assert store.wait_swept(1, timeout=10)
+        assert store.trace_ids() == []
+    finally:
+        store.close()
+
+
+def test_a_trace_takes_at_most_max_calls_per_trace(tmp_path):
+    from reinforge_online.store import TraceClosed
+
+    store = TraceStore(tmp_path / "t.sqlite", max_calls_per_trace=2)
+    try:
+        for i in range(2):
+            c = call(i)
+            c.trace_id = "one"
+            store.record(c).result(10)
+        extra = call(5)
+        extra.trace_id = "one"
+        with pytest.raises(TraceClosed, match="the most a trace may have"):
+            store.record(extra).result(10)
+        assert store.count("calls") == 2 and store.healthy
+    finally:
+        store.close()

@@ -199,6 +199,9 @@ class Gateway:
             batch_max=s.batch_max,
             busy_timeout_ms=s.busy_timeout_ms,
             probe_interval_s=s.probe_interval_s,
+            ttl_s=s.ttl_s,
+            sweep_interval_s=s.sweep_interval_s,
+            max_calls_per_trace=s.max_calls_per_trace,
             on_error=self._store_error,
             on_health=self._store_health,
         )

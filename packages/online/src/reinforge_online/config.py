@@ -134,8 +134,15 @@ class StoreSettings(Settings):
     batch_max: int = 512
     busy_timeout_ms: int = 1000
     probe_interval_s: float = 1.0
+    ttl_s: float | None = None
+    sweep_interval_s: float = 60.0
+    max_calls_per_trace: int = 256
 
     def check(self) -> None:
+        if self.ttl_s is not None:
+            at_least("ttl_s", self.ttl_s, 0.0, strict=True)
+        at_least("sweep_interval_s", self.sweep_interval_s, 0.0, strict=True)
+        at_least("max_calls_per_trace", self.max_calls_per_trace, 1)
         if not self.path.strip():
             raise FieldError("path", "must not be empty")
         at_least("queue_size", self.queue_size, 1)

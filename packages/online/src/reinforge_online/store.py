@@ -83,7 +83,7 @@ CREATE TABLE IF NOT EXISTS batches (
 
 
 class TraceClosed(Exception):
-    """A call continues a trace that already has its reward (or is in a batch): it is not recorded."""
+    """A call continues a trace that has its reward, is in a batch or is full: it is not recorded."""
 
 
 class StoreUnavailable(Exception):
@@ -108,10 +108,10 @@ class CallRecord:
     timing: dict[str, float] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
 
-    def write(self, db: sqlite3.Connection) -> None:
+    def write(self, db: sqlite3.Connection, max_calls: int | None = None) -> None:
         """Insert the call, and its trace unless the call continues one (which must still be open).
 
-        :raises TraceClosed: the trace already has a reward or is in a batch.
+        :raises TraceClosed: the trace already has a reward, is in a batch, or has ``max_calls`` calls.
         """
         row = db.execute("SELECT status FROM traces WHERE trace_id = ?", (self.trace_id,)).fetchone()
         if row is None:
@@ -121,6 +121,10 @@ class CallRecord:
             )
         elif row[0] != "open":
             raise TraceClosed(f"trace {self.trace_id!r} is {row[0]}: it takes no more calls")
+        elif max_calls is not None:
+            (n,) = db.execute("SELECT COUNT(*) FROM calls WHERE trace_id = ?", (self.trace_id,)).fetchone()
+            if n >= max_calls:
+                raise TraceClosed(f"trace {self.trace_id!r} has {n} calls, the most a trace may have")
         db.execute(
             "INSERT INTO calls (call_id, trace_id, created_at, policy_version, request, response, prompt_token_ids,"
             " token_ids, logprobs, timing) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -149,6 +153,22 @@ def _dumps_opt(value: Any) -> str | None:
 
 def _loads_opt(text: str | None) -> Any:
     return None if text is None else json.loads(text)
+
+
+def _sweep(db: sqlite3.Connection, before: float) -> int:
+    """Delete traces created before ``before`` that are open (never rewarded) or committed; how many.
+
+    Rewarded traces waiting for the committer and batches being sent are kept.
+    """
+    ids = [
+        r[0]
+        for r in db.execute(
+            "SELECT trace_id FROM traces WHERE created_at < ? AND status IN ('open', 'committed')", (before,)
+        )
+    ]
+    for table in ("calls", "rewards", "feedback", "traces"):
+        db.executemany(f"DELETE FROM {table} WHERE trace_id = ?", [(t,) for t in ids])  # a fixed table name
+    return len(ids)
 
 
 def connect(path: str, busy_timeout_ms: int = 1000) -> sqlite3.Connection:
@@ -207,12 +227,20 @@ class TraceStore:
         batch_max: int = 512,
         busy_timeout_ms: int = 1000,
         probe_interval_s: float = 1.0,
+        ttl_s: float | None = None,
+        sweep_interval_s: float = 60.0,
+        max_calls_per_trace: int = 256,
         on_error: Callable[[str], None] | None = None,
         on_health: Callable[[bool], None] | None = None,
     ) -> None:
         self.path = str(path)
         self.batch_max = batch_max
         self.probe_interval_s = probe_interval_s
+        self.ttl_s = ttl_s
+        self.sweep_interval_s = sweep_interval_s
+        self.max_calls_per_trace = max_calls_per_trace
+        self._next_sweep = time.monotonic()  # the first sweep right after start
+        self.swept = 0  # traces deleted by TTL sweeps
         self.busy_timeout_ms = busy_timeout_ms
         self._on_error = on_error or (lambda kind: None)
         self._on_health = on_health or (lambda ok: None)
@@ -269,16 +297,48 @@ class TraceStore:
         return future
 
     def record(self, call: CallRecord) -> Future[Any]:
-        """Queue one call (and its trace row) for writing; see :meth:`submit`."""
-        return self.submit(call.write)
+        """Queue one call (and its trace row) for writing; see :meth:`submit`.
+
+        A call beyond ``max_calls_per_trace`` of its trace fails with :class:`TraceClosed`.
+        """
+        cap = self.max_calls_per_trace
+        return self.submit(lambda db: call.write(db, max_calls=cap))
+
+    def _timeout(self) -> float | None:
+        """How long the writer may wait for work: until the next probe or sweep."""
+        waits = [] if self._healthy else [self.probe_interval_s]
+        if self.ttl_s is not None:
+            waits.append(max(0.0, self._next_sweep - time.monotonic()))
+        return min(waits) if waits else None
+
+    def _maybe_sweep(self) -> None:
+        if self.ttl_s is None or not self._healthy or time.monotonic() < self._next_sweep:
+            return
+        self._next_sweep = time.monotonic() + self.sweep_interval_s
+        item = _Item(lambda db: _sweep(db, time.time() - (self.ttl_s or 0.0)), Future())
+        self._commit([item])
+        if item.future.exception() is None:
+            with self._health:
+                self.swept += int(item.future.result())
+                self._health.notify_all()
+
+    def sweep(self, ttl_s: float) -> Future[Any]:
+        """Queue a sweep of traces older than ``ttl_s`` (see ``ttl_s``); its future holds how many went."""
+        return self.submit(lambda db: _sweep(db, time.time() - ttl_s))
+
+    def wait_swept(self, n: int, timeout: float | None = None) -> bool:
+        """Wait until the periodic sweeps deleted ``n`` traces in all; whether they did."""
+        with self._health:
+            return self._health.wait_for(lambda: self.swept >= n, timeout)
 
     def _run(self) -> None:
         while True:
-            timeout = None if self._healthy else self.probe_interval_s
             try:
-                first = self._queue.get(timeout=timeout)
+                first = self._queue.get(timeout=self._timeout())
             except queue.Empty:
-                self._probe()
+                if not self._healthy:
+                    self._probe()
+                self._maybe_sweep()
                 continue
             if first is _STOP:
                 return
@@ -298,6 +358,7 @@ class TraceStore:
                 self._probe()
             if stop:
                 return
+            self._maybe_sweep()
 
     def _commit(self, items: list[_Item]) -> None:
         db = self._db
