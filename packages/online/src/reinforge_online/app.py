@@ -12,6 +12,7 @@ import asyncio
 import copy
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +34,7 @@ from .config import CHAT_ROUTE, OnlineSettings, Secrets
 from .errors import ApiError, parse_json
 from .metrics import Metrics
 from .proxy import Upstream, raw_chunks, request_headers, response_headers
+from .ratelimit import RateLimiter
 from .redact import Redactor, resolve_redactor
 from .selection import Selection, SelectionRequest, build_selection, session_of
 from .store import CallRecord, StoreUnavailable, TraceClosed, TraceStore
@@ -214,6 +216,12 @@ class Gateway:
             else None
         )
         self.max_body = settings.limits.max_body_bytes
+        lim = settings.limits
+        self.limiter = (
+            RateLimiter(lim.requests_per_s, lim.burst or max(1, math.ceil(lim.requests_per_s)))
+            if lim.requests_per_s is not None
+            else None
+        )
         self._policy_failures = 0
         self._policy_paused_until = 0.0
         self.committer = self._committer(settings)
@@ -257,6 +265,11 @@ class Gateway:
         await loop.run_in_executor(None, self.store.close)
 
     # -- plumbing ------------------------------------------------------------------------------
+
+    def _limit(self, request: Request) -> None:
+        """A 429 when this client is over ``limits.requests_per_s``."""
+        if self.limiter is not None:
+            self.limiter.check(request.client.host if request.client else "unknown")
 
     async def _read(self, request: Request) -> bytes:
         too_big = ApiError(
@@ -361,6 +374,7 @@ class Gateway:
     async def chat(self, request: Request) -> Response:
         start = time.perf_counter()
         auth.check_traffic(request.headers.get("authorization"), self.secrets.traffic_key)
+        self._limit(request)
         raw = await self._read(request)
         body = parse_json(raw)
         continued = self._continued(request)
@@ -613,6 +627,7 @@ class Gateway:
 
     async def models(self, request: Request) -> Response:
         auth.check_traffic(request.headers.get("authorization"), self.secrets.traffic_key)
+        self._limit(request)
         return await self._pass_through(request, b"", time.perf_counter(), method="GET")
 
     async def healthz(self, request: Request) -> Response:
@@ -636,6 +651,7 @@ class Gateway:
         return JSONResponse(outcome.body, status_code=outcome.status)
 
     async def _feedback(self, request: Request) -> feedback.FeedbackOutcome:
+        self._limit(request)
         body = parse_json(await self._read(request))
         req = feedback.parse(body)
         token = request.headers.get(feedback.FEEDBACK_TOKEN_HEADER) or body.get("feedback_token")
@@ -653,7 +669,7 @@ class Gateway:
 
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    return JSONResponse(exc.body(), status_code=exc.status)
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

@@ -156,9 +156,14 @@ class LimitSettings(Settings):
     """Request limits enforced before anything is forwarded."""
 
     max_body_bytes: int = 4 * 2**20
+    requests_per_s: float | None = None
+    burst: int = 0
 
     def check(self) -> None:
         at_least("max_body_bytes", self.max_body_bytes, 1)
+        if self.requests_per_s is not None:
+            at_least("requests_per_s", self.requests_per_s, 0.0, strict=True)
+        at_least("burst", self.burst, 0)
 
 
 @dataclass

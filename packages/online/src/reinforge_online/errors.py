@@ -12,9 +12,17 @@ class ApiError(Exception):
     """An error the gateway itself answers (the upstream's own errors pass through untouched)."""
 
     def __init__(
-        self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None, kind: str = ""
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers or {}
         self.message = message
         self.status = status
         self.param = param
