@@ -83,3 +83,83 @@ def test_a_bad_file_is_a_clear_error_without_a_traceback(tmp_path):
     assert proc.returncode != 0
     assert "online.yaml: mode: shadow mode is not implemented yet" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_kill_9_under_load_keeps_every_acknowledged_trace(tmp_path, upstream, policy, fakes):
+    """Feedback answered 200 means its trace (and reward) committed: all of those survive a kill -9."""
+    import httpx
+
+    from reinforge_online.store import TraceStore
+
+    port = free_port()
+    (tmp_path / "online.yaml").write_text(
+        json.dumps(
+            {
+                "upstream": {"url": upstream[1].v1},
+                "policy": {"url": policy[1].v1, "model": "pol"},
+                "listen": {"port": port},
+                "selection": {"sampling_rate": 1.0},
+                "dev": True,
+            }
+        )
+    )
+    proc = subprocess.Popen(
+        [*REINFORGE, "online", "serve", str(tmp_path / "online.yaml"), "--log-level", "info"],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "REINFORGE_LOAD_PLUGINS": "reinforge-online"},
+    )
+    ready = threading.Event()
+
+    def watch() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if "Uvicorn running on" in line:
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    acknowledged: list[str] = []
+    enough = threading.Event()
+    base = f"http://127.0.0.1:{port}"
+
+    def load(worker: int) -> None:
+        with httpx.Client(verify=False, timeout=10) as c:
+            for i in range(10_000):
+                try:
+                    r = c.post(
+                        f"{base}/v1/chat/completions", json={"model": "m", "messages": [], "user": f"{worker}-{i}"}
+                    )
+                    trace_id = r.headers["x-reinforge-trace-id"]
+                    fb = c.post(
+                        f"{base}/online/v1/feedback",
+                        json={"trace_id": trace_id, "reward": 1.0},
+                        headers={"x-reinforge-feedback-token": r.headers["x-reinforge-feedback-token"]},
+                    )
+                except (httpx.HTTPError, KeyError):
+                    return  # the gateway is gone
+                if fb.status_code == 200:
+                    acknowledged.append(trace_id)
+                    if len(acknowledged) >= 30:
+                        enough.set()
+
+    try:
+        assert ready.wait(60) and proc.poll() is None
+        workers = [threading.Thread(target=load, args=(w,), daemon=True) for w in range(3)]
+        for w in workers:
+            w.start()
+        assert enough.wait(60)
+        proc.kill()  # SIGKILL while requests are in flight
+        proc.wait(30)
+        for w in workers:
+            w.join(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    store = TraceStore(tmp_path / "traces.sqlite")
+    try:
+        for trace_id in acknowledged:
+            trace = store.trace(trace_id)
+            assert trace is not None and trace["reward"] == 1.0 and trace["calls"][0]["token_ids"]
+    finally:
+        store.close()
