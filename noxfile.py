@@ -434,7 +434,7 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=TORCH_PYTHON, venv_backend=BACKEND, default=False)
 def bench(session: nox.Session) -> None:
-    """Run each bench/*.py but serve_throughput (or those named in posargs); each prints a JSON object last."""
+    """Run each bench/*.py but those needing their own venvs (or those named in posargs); each prints JSON last."""
     bench_dir = ROOT / "bench"
     scripts = sorted(p for p in bench_dir.glob("*.py") if not p.name.startswith("_"))
     if session.posargs:
@@ -443,8 +443,8 @@ def bench(session: nox.Session) -> None:
         if missing:
             session.error(f"no bench script(s) {missing} in bench/")
         scripts = [p for p in scripts if p.stem in wanted]
-    else:  # serve_throughput only when named: it needs its own venvs (--setup) and starts vLLM (~100 s) twice
-        scripts = [p for p in scripts if p.stem != "serve_throughput"]
+    else:  # only when named: they need the vLLM venv (serve_throughput.py --setup); serve_throughput starts vLLM twice
+        scripts = [p for p in scripts if p.stem not in ("serve_throughput", "export_in_vllm")]
     if not scripts:
         session.error("no bench/*.py scripts to run")
     _install_for_scripts(session, bench_dir)
