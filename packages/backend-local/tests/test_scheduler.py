@@ -92,7 +92,9 @@ def test_rows_joining_mid_decode_match_each_row_decoded_alone(policy, poisoned_c
         step()
         session.keep([1, 2])  # A finishes
         order.remove("a")
-        session.compact(4, 8)  # and the batch is laid out again, right-aligned
+        laid_out = session.cache
+        session.compact(4, 8)  # and the batch is laid out again, right-aligned, in its own cache
+        assert session.cache is laid_out
         step()
         step()
     for name in "abc":

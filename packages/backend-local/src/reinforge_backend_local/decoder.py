@@ -389,25 +389,37 @@ class DecodeSession:
         return self.cache is not None and self.slot + capacity <= self.cache.slots
 
     def _relayout(self, parts: list[DecodeSession], capacity: int, row_capacity: int) -> None:
-        """Copy the rows of ``parts`` into one new cache, each row's sequence ending at the same slot."""
+        """Lay the rows of ``parts`` out again, each row's sequence ending at the same slot.
+
+        In this batch's own cache when it is large enough (each row moved through a copy of
+        just that row), else in a new one: a second cache the size of the first would double
+        the peak memory of a server's largest batch.
+        """
         dec = self.dec
         spans: list[tuple[DecodeSession, int, int]] = []  # (part, row, first slot)
         for part in parts:
             assert part.start is not None
             spans += [(part, j, first) for j, first in enumerate(part.start.tolist())]
         end = max(part.slot - first for part, _, first in spans)  # the longest sequence
-        headroom = max(64, (end + capacity) // 2)  # so joins do not lay the batch out every step
         rows = len(spans)
-        cap = min(max(row_capacity, rows), -(-rows // 8) * 8)
-        cache = KVCache(
-            dec.layers, rows, dec.kv_heads, end + capacity + headroom, dec.head_dim, self.dtype, self.device, cap
-        )
+        own = self.cache
+        if parts[0] is self and own is not None and own.row_capacity >= rows and own.slots >= end + capacity:
+            cache = own
+            cache.set_rows(rows)
+        else:
+            headroom = max(32, (end + capacity) // 4)  # so joins do not lay the batch out every step
+            cap = min(max(row_capacity, rows), -(-rows // 8) * 8)
+            slots = end + capacity + headroom
+            cache = KVCache(dec.layers, rows, dec.kv_heads, slots, dec.head_dim, self.dtype, self.device, cap)
         mask = torch.zeros((rows, cache.slots), dtype=self.dtype, device=self.device)
         for r, (part, j, first) in enumerate(spans):
             assert part.cache is not None and part.mask is not None
             dst = end - (part.slot - first)
-            cache.k[:, r, :, dst:end] = part.cache.k[:, j, :, first : part.slot]
-            cache.v[:, r, :, dst:end] = part.cache.v[:, j, :, first : part.slot]
+            k, v = part.cache.k[:, j, :, first : part.slot], part.cache.v[:, j, :, first : part.slot]
+            if part.cache is cache:  # moving within one row: the source may overlap the destination
+                k, v = k.clone(), v.clone()
+            cache.k[:, r, :, dst:end] = k
+            cache.v[:, r, :, dst:end] = v
             cache.k[:, r, :, :dst] = 0  # masked but read (see join)
             cache.v[:, r, :, :dst] = 0
             mask[r, :dst] = float("-inf")
