@@ -29,3 +29,12 @@ def served(model_folder):
     metrics = Metrics()
     model = load(resolve_source(str(model_folder)), max_batch=16, max_model_len=512, metrics=metrics)
     return model, metrics
+
+
+@pytest.fixture(scope="module")
+def policy(model_folder):
+    """The default model in eval mode and its tokenizer (the decoder and scheduler tests)."""
+    from reinforge_backend_local.modeling import load_policy
+
+    model, tokenizer, _ = load_policy(str(model_folder))
+    return model.eval(), tokenizer

@@ -15,12 +15,6 @@ SYSTEM = "You are a careful calculator. Reply with just the number."
 ATOL = 2e-3  # logits are O(10); float32 summation order differs between the two paths
 
 
-@pytest.fixture(scope="module")
-def policy(model_folder):
-    model, tokenizer, _ = load_policy(str(model_folder))
-    return model.eval(), tokenizer
-
-
 def _prompt(tokenizer, question, system=SYSTEM):
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
     return ChatTemplate(tokenizer, 512).prompt_ids(messages)

@@ -5,26 +5,11 @@ import os
 
 import pytest
 import torch
+from test_decoder import ATOL, _prompt  # the decoder tests' tolerance and prompts
 
 from reinforge_backend_local.decoder import LlamaDecoder
 from reinforge_backend_local.engine import Engine, GenRequest
-from reinforge_backend_local.modeling import load_policy
-from reinforge_backend_local.policy import ChatTemplate
 from reinforge_backend_local.scheduler import Scheduler
-
-SYSTEM = "You are a careful calculator. Reply with just the number."
-ATOL = 2e-3  # logits are O(10); float32 kernels round differently for different batch shapes
-
-
-@pytest.fixture(scope="module")
-def policy(model_folder):
-    model, tokenizer, _ = load_policy(str(model_folder))
-    return model.eval(), tokenizer
-
-
-def _prompt(tokenizer, question, system=SYSTEM):
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    return ChatTemplate(tokenizer, 512).prompt_ids(messages)
 
 
 def _alone(model, prompt, feed):
@@ -240,15 +225,12 @@ def test_a_cancelled_request_leaves_the_batch_and_a_failure_reaches_every_waiter
             with monkeypatch.context() as m:
                 m.setattr(type(engine.decoder.session()), "step", broken)
                 streams = [scheduler.submit(_request(prompt, max_tokens=8)) for _ in range(2)]
-                errors = []
-                for s in streams:
+                for s in streams:  # every waiter gets the failure
                     with pytest.raises(RuntimeError, match="kernel exploded"):
                         await s.finished()
-                    errors.append(True)
-            return errors, await scheduler.generate(_request(prompt, max_tokens=4))
+            return await scheduler.generate(_request(prompt, max_tokens=4))
 
-        errors, after = asyncio.run(fail_then_serve())
+        after = asyncio.run(fail_then_serve())
     finally:
         scheduler.close()
-    assert errors == [True, True]
     assert len(after.token_ids) >= 1  # the loop survived the failure
