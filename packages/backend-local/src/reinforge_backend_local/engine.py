@@ -185,11 +185,9 @@ class Engine:
                 if t in eos:
                     finish[i] = "stop"
                     continue
-                if requests[i].stop:
-                    text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
-                    if any(s in text for s in requests[i].stop):
-                        finish[i] = "stop"
-                        continue
+                if hits_stop(self.tokenizer, tokens[i], requests[i].stop):
+                    finish[i] = "stop"
+                    continue
                 if len(tokens[i]) >= budgets[i]:
                     continue
                 still.append(j)
@@ -203,14 +201,29 @@ class Engine:
             logits = session.step(tok)
         results = []
         for i, r in enumerate(requests):
-            text = self.tokenizer.decode(tokens[i], skip_special_tokens=True)
-            for s in r.stop:
-                cut = text.find(s)
-                if cut >= 0:
-                    text = text[:cut]
-            results.append(GenResult(tokens[i], logprobs[i], finish[i], text))
+            results.append(
+                GenResult(tokens[i], logprobs[i], finish[i], completion_text(self.tokenizer, tokens[i], r.stop))
+            )
         self.stats.completion_tokens += sum(len(t) for t in tokens)
         return results
+
+
+def hits_stop(tokenizer: Any, tokens: list[int], stops: list[str]) -> bool:
+    """Whether the text of ``tokens`` contains one of the stop strings (decoded only when there are some)."""
+    if not stops:
+        return False
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    return any(s in text for s in stops)
+
+
+def completion_text(tokenizer: Any, tokens: list[int], stops: list[str]) -> str:
+    """The text of ``tokens``, cut before the first stop string."""
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    for s in stops:
+        cut = text.find(s)
+        if cut >= 0:
+            text = text[:cut]
+    return text
 
 
 def _kv_bytes_per_token(model: Any) -> int | None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .decoder import MIN_SHARED_PREFIX, Prefix
-from .engine import Engine, GenRequest, GenResult
+from .engine import Engine, GenRequest, GenResult, completion_text, hits_stop
 from .sampling import request_generator, sample, top_logprobs
 
 HEADROOM = 64  # extra KV slots a new batch is allocated with, so requests join it in place
@@ -354,20 +354,14 @@ class Scheduler:
     def _finish(self, row: _Row) -> str | None:
         if row.tokens[-1] in self._eos:
             return "stop"
-        if row.request.stop:
-            text = self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True)
-            if any(s in text for s in row.request.stop):
-                return "stop"
+        if hits_stop(self.engine.tokenizer, row.tokens, row.request.stop):
+            return "stop"
         if len(row.tokens) >= row.budget:
             return "length"
         return None
 
     def _result(self, row: _Row, finish: str) -> GenResult:
-        text = self.engine.tokenizer.decode(row.tokens, skip_special_tokens=True)
-        for s in row.request.stop:
-            cut = text.find(s)
-            if cut >= 0:
-                text = text[:cut]
+        text = completion_text(self.engine.tokenizer, row.tokens, row.request.stop)
         return GenResult(row.tokens, row.logprobs, finish, text, row.tops if row.request.top_logprobs else None)
 
     def _deliver(self, events: list[tuple[Stream, Any]]) -> None:
