@@ -257,3 +257,54 @@ def redact_everything(call: Any) -> None:
 
 def redact_raises(call: Any) -> Any:
     raise RuntimeError("redactor bug")
+
+
+# -- judges and a workflow for the reward calculator's tests (referenced as online_testlib:<name>) ----------------
+
+
+def const_judge(task: dict, response: Any, value: float = 1.0) -> float:
+    """``value`` whatever the answer (to test clamping)."""
+    return value
+
+
+def nan_judge(task: dict, response: Any) -> float:
+    return float("nan")
+
+
+class FailsFirst:
+    """FAILED (transient) for its first ``failures`` calls, then 0.75; built once per gateway, so it counts."""
+
+    def __init__(self, failures: int = 1) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    async def __call__(self, task: dict, response: Any) -> Any:
+        from reinforge import JudgeOutput, TaskStatus
+
+        self.calls += 1
+        if self.calls <= self.failures:
+            return JudgeOutput(status=TaskStatus.FAILED, error="the judge's service answered 503")
+        return JudgeOutput(reward=0.75)
+
+
+class Hangs:
+    """Never answers (until the test ends): every attempt runs into the judge timeout."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(self, task: dict, response: Any) -> Any:
+        self.calls += 1
+        await asyncio.Event().wait()
+
+
+async def echo_workflow(task: dict, model: Any) -> Any:
+    """A workflow for run files the tests write (online never runs it)."""
+    from reinforge import WorkflowOutput
+
+    return WorkflowOutput(response=await model.chat(task["messages"]))
+
+
+def const_group(task: dict, responses: list[Any]) -> list[float]:
+    """A group reward for a run file online refuses (it scores traces one at a time)."""
+    return [1.0] * len(responses)

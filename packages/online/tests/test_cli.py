@@ -72,7 +72,7 @@ def test_the_command_serves_the_gateway(tmp_path, upstream, fakes):
 
 
 def test_a_bad_file_is_a_clear_error_without_a_traceback(tmp_path):
-    (tmp_path / "online.yaml").write_text("upstream: {url: 'http://127.0.0.1:1/v1'}\nmode: shadow\n")
+    (tmp_path / "online.yaml").write_text("upstream: {url: 'http://127.0.0.1:1/v1'}\nmode: shadwo\n")
     proc = subprocess.run(
         [*REINFORGE, "online", "serve", str(tmp_path / "online.yaml")],
         capture_output=True,
@@ -81,7 +81,7 @@ def test_a_bad_file_is_a_clear_error_without_a_traceback(tmp_path):
         timeout=60,
     )
     assert proc.returncode != 0
-    assert "online.yaml: mode: shadow mode is not implemented yet" in proc.stderr
+    assert "online.yaml: mode: must be one of route, record, shadow; got 'shadwo'" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -172,15 +172,6 @@ def test_record_mode_records_what_the_upstream_returns(gateway, policy, fakes):
     assert call["token_ids"] == POLICY_TOKENS
 
 
-def test_shadow_mode_is_not_yet_available(tmp_path):
-    from online_testlib import settings
-
-    from reinforge.plugin import ConfigError
-
-    with pytest.raises(ConfigError, match="mode: shadow mode is not implemented yet"):
-        settings("http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1", tmp_path / "t.sqlite", mode="shadow")
-
-
 # -- faults ---------------------------------------------------------------------------------------------------------
 
 
@@ -336,7 +327,7 @@ def test_sampling_pauses_after_policy_failures_and_resumes(gateway, fakes):
     assert m.paused.labels("policy")._value.get() == 2 and m.policy_healthy._value.get() == 0
     assert len(fakes[1].requests) == 2
     fakes[1].fail = False
-    gw(server)._policy_paused_until = 1.0  # the pause is over (a monotonic time long past)
+    gw(server).pipeline._policy_paused_until = 1.0  # the pause is over (a monotonic time long past)
     r = post(server, BODY)
     assert r.json()["choices"][0]["message"]["content"] == "policy" and m.policy_healthy._value.get() == 1
 

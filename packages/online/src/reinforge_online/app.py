@@ -9,7 +9,6 @@ unreachable is the client's problem (a 502), since the gateway has no one else t
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import logging
 import math
@@ -29,15 +28,16 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from . import auth, feedback
-from .committer import Committer, JsonlSink
 from .config import CHAT_ROUTE, OnlineSettings, Secrets
 from .errors import ApiError, parse_json
 from .metrics import Metrics
+from .pipeline import Pipeline, task_of
 from .proxy import Upstream, raw_chunks, request_headers, response_headers
 from .ratelimit import RateLimiter
-from .redact import Redactor, resolve_redactor
-from .selection import Selection, SelectionRequest, build_selection, session_of
-from .store import CallRecord, StoreUnavailable, TraceClosed, TraceStore
+from .redact import Redactor
+from .selection import Selection
+from .shadow import ShadowRunner
+from .store import CallRecord, StoreUnavailable, TraceStore
 
 __all__ = ["FEEDBACK_ROUTE", "Gateway", "build_app"]
 
@@ -177,7 +177,11 @@ _ROUTES = (CHAT_ROUTE, "/v1/models", "/healthz", "/metrics", FEEDBACK_ROUTE)
 
 
 class Gateway:
-    """The routes' state: settings, keys, the upstream and policy clients, selection, store and metrics."""
+    """The routes' state: settings, keys, the upstream and policy clients, and the shared :class:`Pipeline`.
+
+    The pipeline (selection, store, redaction, rewards, committer, metrics) is built from the
+    settings unless one is given; a given pipeline belongs to its caller (started and closed there).
+    """
 
     def __init__(
         self,
@@ -188,25 +192,18 @@ class Gateway:
         selection: Selection | None = None,
         metrics: Metrics | None = None,
         redact: Redactor | None = None,
+        pipeline: Pipeline | None = None,
     ) -> None:
         self.settings = settings
-        self.redact = redact or resolve_redactor(settings)
         self.secrets = secrets
-        self.metrics = metrics or Metrics()
-        self.selection = selection or build_selection(settings.selection)
-        s = settings.store
-        self.store = store or TraceStore(
-            s.path,
-            queue_size=s.queue_size,
-            batch_max=s.batch_max,
-            busy_timeout_ms=s.busy_timeout_ms,
-            probe_interval_s=s.probe_interval_s,
-            ttl_s=s.ttl_s,
-            sweep_interval_s=s.sweep_interval_s,
-            max_calls_per_trace=s.max_calls_per_trace,
-            on_error=self._store_error,
-            on_health=self._store_health,
+        self.owns_pipeline = pipeline is None
+        self.pipeline = pipeline or Pipeline(
+            settings, secrets, store=store, selection=selection, metrics=metrics, redact=redact
         )
+        if self.owns_pipeline:
+            self.pipeline.start()
+        pl = self.pipeline
+        self.metrics, self.store, self.selection, self.committer = pl.metrics, pl.store, pl.selection, pl.committer
         u = settings.upstream
         self.upstream = Upstream(u.url, secrets.upstream_key, timeout_s=u.timeout_s, max_connections=u.max_connections)
         p = settings.policy
@@ -222,47 +219,21 @@ class Gateway:
             if lim.requests_per_s is not None
             else None
         )
-        self._policy_failures = 0
-        self._policy_paused_until = 0.0
-        self.committer = self._committer(settings)
-
-    def _committer(self, settings: OnlineSettings) -> Committer | None:
-        c = settings.committer
-        if c.kind == "none":
-            return None
-        return Committer(
-            self.store,
-            JsonlSink(c.path),
-            interval_s=c.interval_s,
-            min_traces=c.min_traces,
-            max_traces=c.max_traces,
-            retry_s=c.retry_s,
-            on_commit=self._batch_committed,
-            on_failure=lambda batch_id: self.metrics.batches.labels("failed").inc(),
-        ).start()
-
-    def _batch_committed(self, batch_id: str, n: int) -> None:
-        self.metrics.batches.labels("committed").inc()
-        self.metrics.committed_traces.inc(n)
-
-    def _store_error(self, kind: str) -> None:
-        self.metrics.store_errors.labels(kind).inc()
-
-    def _store_health(self, ok: bool) -> None:
-        self.metrics.store_healthy.set(1 if ok else 0)
+        self.shadow = ShadowRunner(self) if "shadow" in settings.modes() else None
 
     async def aclose(self) -> None:
-        """Stop the committer, close the clients and drain the store (never raises)."""
+        """Stop the shadow runs, close the clients, then (when it owns it) the pipeline (never raises)."""
         loop = asyncio.get_running_loop()
-        if self.committer is not None:
-            await loop.run_in_executor(None, self.committer.stop)
+        if self.shadow is not None:
+            await self.shadow.aclose()
         for up in (self.upstream, self.policy):
             if up is not None:
                 try:
                     await up.aclose()
                 except Exception:  # noqa: BLE001 - shutting down is best effort
                     _log.exception("closing an upstream client failed")
-        await loop.run_in_executor(None, self.store.close)
+        if self.owns_pipeline:
+            await loop.run_in_executor(None, self.pipeline.close)
 
     # -- plumbing ------------------------------------------------------------------------------
 
@@ -285,27 +256,6 @@ class Gateway:
                 raise too_big
             chunks.append(chunk)
         return b"".join(chunks)
-
-    def _select(self, request: Request, body: dict[str, Any], continued: bool = False) -> tuple[bool, str | None]:
-        """Whether to sample (never while the store or policy is unhealthy) and the request's session.
-
-        A request that continues a trace is sampled whenever sampling is not paused.
-        """
-        session = session_of(request.headers, body, self.settings.selection.session_header)
-        if not self.store.healthy:
-            self.metrics.paused.labels("store").inc()
-            return False, session
-        if self._policy_paused_until and time.monotonic() < self._policy_paused_until:
-            self.metrics.paused.labels("policy").inc()
-            return False, session
-        if continued:
-            return True, session
-        try:
-            chosen = bool(self.selection.select(SelectionRequest(CHAT_ROUTE, request.headers, body, session)))
-        except Exception:  # noqa: BLE001 - a broken strategy must not fail traffic: not sampled
-            _log.exception("the selection strategy raised; the request is not sampled")
-            return False, session
-        return chosen, session
 
     async def _pass_through(
         self, request: Request, raw: bytes, start: float, path: str = "upstream", method: str = "POST"
@@ -332,43 +282,6 @@ class Gateway:
         self.metrics.added.labels(path).observe(before)
         return out
 
-    def _trace_headers(self, trace_id: str) -> dict[str, str]:
-        return {
-            feedback.TRACE_ID_HEADER: trace_id,
-            feedback.FEEDBACK_TOKEN_HEADER: feedback.feedback_token(self.secrets.feedback_secret, trace_id),
-        }
-
-    def _record(self, call: CallRecord) -> bool:
-        """Redact ``call`` and queue it for the store; whether it was taken (a drop is counted).
-
-        A redactor that raises keeps the call out of the store (fail closed for privacy).
-        """
-        if self.redact is not None:
-            try:  # on a copy: the client's response may still be on its way
-                redacted = self.redact(copy.deepcopy(call))
-            except Exception:  # noqa: BLE001 - the user's redactor: the call is not stored
-                _log.exception("the redactor raised; the call is not stored")
-                self.metrics.redacted.labels("error").inc()
-                return False
-            if redacted is None:
-                self.metrics.redacted.labels("dropped").inc()
-                return False
-            call = redacted
-        try:
-            future = self.store.record(call)
-        except StoreUnavailable:
-            return False
-
-        def done(f: Any) -> None:
-            exc = f.exception()
-            if exc is None:
-                self.metrics.recorded.inc()
-            elif isinstance(exc, TraceClosed):
-                self.metrics.closed_trace_calls.inc()
-
-        future.add_done_callback(done)
-        return True
-
     # -- routes --------------------------------------------------------------------------------
 
     async def chat(self, request: Request) -> Response:
@@ -378,12 +291,17 @@ class Gateway:
         raw = await self._read(request)
         body = parse_json(raw)
         continued = self._continued(request)
-        sampled, session = self._select(request, body, continued is not None)
+        sampled, session = self.pipeline.select(request.headers, body, continued is not None)
         if not sampled:
             return await self._pass_through(request, raw, start)
         self.metrics.sampled.inc()
         mode = self.settings.mode_of(CHAT_ROUTE)
         trace_id = continued or uuid.uuid4().hex
+        if mode == "shadow":
+            assert self.shadow is not None
+            response = await self._pass_through(request, raw, start, path="shadow")
+            self.shadow.submit(body, session, trace_id)  # after the upstream answered; never delays it
+            return response
         if mode == "record":
             return await self._sampled(request, body, session, start, self.upstream, mode, trace_id)
         assert self.policy is not None  # route mode needs policy: checked with the settings
@@ -391,22 +309,10 @@ class Gateway:
             response = await self._sampled(request, body, session, start, self.policy, mode, trace_id)
         except _Fallback as fb:
             self.metrics.fallbacks.labels(fb.reason).inc()
-            self._policy_failed()
+            self.pipeline.policy_failed()
             return await self._pass_through(request, raw, start, path="fallback")
-        self._policy_failures, self._policy_paused_until = 0, 0.0
-        self.metrics.policy_healthy.set(1)
+        self.pipeline.policy_ok()
         return response
-
-    def _policy_failed(self) -> None:
-        """A circuit breaker: after ``failures_before_pause`` failures in a row sampling pauses for ``pause_s``.
-
-        The first sampled request after the pause tries the policy again; a failure pauses it again.
-        """
-        assert self.settings.policy is not None
-        self._policy_failures += 1
-        if self._policy_failures >= self.settings.policy.failures_before_pause:
-            self._policy_paused_until = time.monotonic() + self.settings.policy.pause_s
-            self.metrics.policy_healthy.set(0)
 
     def _continued(self, request: Request) -> str | None:
         """The trace a request continues (``x-reinforge-trace-id`` with its feedback token), or None.
@@ -473,6 +379,7 @@ class Gateway:
             response={},
             session_id=session,
             policy_version=version,
+            task=task_of(body),
         )
         requested_model = body.get("model")
         if stream:
@@ -481,7 +388,7 @@ class Gateway:
             return StreamingResponse(
                 chunks,
                 media_type="text/event-stream",
-                headers={"cache-control": "no-cache", **self._trace_headers(trace_id)},
+                headers={"cache-control": "no-cache", **self.pipeline.trace_headers(trace_id)},
             )
         try:
             data = json.loads(await resp.aread())
@@ -506,8 +413,8 @@ class Gateway:
         if model and requested_model is not None:
             client_data["model"] = requested_model
         record.response = client_data
-        recorded = self._record(record)
-        out_headers = self._trace_headers(trace_id) if recorded else {}
+        recorded = self.pipeline.record(record)
+        out_headers = self.pipeline.trace_headers(trace_id) if recorded else {}
         response = JSONResponse(client_data, headers=out_headers)
         self.metrics.added.labels(request.scope[_PATH_KEY]).observe(before + time.perf_counter() - after)
         return response
@@ -559,7 +466,7 @@ class Gateway:
                         continue
                     if data == b"[DONE]":
                         if not (done or failed) and choices:  # queued before the client can see the end
-                            self._record(self._streamed(record, choices, meta, sent, first_at, model))
+                            self.pipeline.record(self._streamed(record, choices, meta, sent, first_at, model))
                         done = True
                         yield b"data: [DONE]\n\n"
                         continue
@@ -646,8 +553,8 @@ class Gateway:
             self.metrics.feedback.labels(str(exc.status)).inc()
             raise
         self.metrics.feedback.labels(str(outcome.status)).inc()
-        if self.committer is not None and outcome.body.get("status") == "recorded":
-            self.committer.rewarded()
+        if outcome.body.get("status") == "recorded":
+            self.pipeline.rewarded()
         return JSONResponse(outcome.body, status_code=outcome.status)
 
     async def _feedback(self, request: Request) -> feedback.FeedbackOutcome:
@@ -687,12 +594,13 @@ def build_app(
     selection: Selection | None = None,
     metrics: Metrics | None = None,
     redact: Redactor | None = None,
+    pipeline: Pipeline | None = None,
 ) -> Starlette:
     """The gateway's ASGI app; its lifespan closes the clients and drains the store at shutdown.
 
     ``app.state.gateway`` is the :class:`Gateway` (its ``store`` and ``metrics`` included).
     """
-    gw = Gateway(settings, secrets, store=store, selection=selection, metrics=metrics, redact=redact)
+    gw = Gateway(settings, secrets, store=store, selection=selection, metrics=metrics, redact=redact, pipeline=pipeline)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

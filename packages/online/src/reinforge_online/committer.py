@@ -133,6 +133,7 @@ class Committer:
         self._on_failure = on_failure or (lambda batch_id: None)
         self._wake = threading.Event()
         self._stop = threading.Event()
+        self._flush = True
         self._rewarded = 0
         self._failures = 0
         self._lock = threading.Condition()
@@ -210,12 +211,18 @@ class Committer:
         while True:
             self._wake.wait(wait)  # the interval, or woken by rewards (or stop)
             if self._stop.is_set():
+                if self._flush:
+                    self._attempt(self.run_once)  # a last pass; a failure leaves the batch for the next start
                 return
             self._wake.clear()
             wait = self._attempt(self.run_once)
 
-    def stop(self, timeout: float = 10.0) -> bool:
-        """Stop the thread (a batch being sent finishes or stays ``committing``); never raises."""
+    def stop(self, timeout: float = 10.0, *, flush: bool = True) -> bool:
+        """Stop the thread, after a last pass when ``flush`` (within ``timeout``); whether it stopped.
+
+        Never raises: a batch the sink does not take stays ``committing`` and is resent at the next start.
+        """
+        self._flush = flush
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive():

@@ -13,7 +13,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reinforge.plugin import ConfigError, FieldError, Settings, at_least, in_range, load_settings, one_of
+from reinforge.plugin import (
+    ComponentSpec,
+    ConfigError,
+    FieldError,
+    Settings,
+    at_least,
+    finite,
+    in_range,
+    load_settings,
+    one_of,
+)
 
 __all__ = [
     "CHAT_ROUTE",
@@ -25,8 +35,10 @@ __all__ = [
     "ListenSettings",
     "OnlineSettings",
     "PolicySettings",
+    "RewardSettings",
     "Secrets",
     "SelectionSettings",
+    "ShadowSettings",
     "StoreSettings",
     "UpstreamSettings",
     "load_config",
@@ -35,16 +47,13 @@ __all__ = [
 
 CHAT_ROUTE = "/v1/chat/completions"
 ROUTES = (CHAT_ROUTE,)  # the routes a mode applies to: the ones that generate
-MODES = ("route", "record")
-NOT_YET = {"shadow": "shadow mode is not implemented yet in reinforge-online 0.1 (use route or record)"}
+MODES = ("route", "record", "shadow")
 CONFLICT_POLICIES = ("first-wins", "last-before-commit")
 COMMITTERS = ("none", "sink")
 COMMITTERS_NOT_YET = ("local", "trinity")
 
 
 def _mode(key: str, value: str) -> None:
-    if value in NOT_YET:
-        raise FieldError(key, NOT_YET[value])
     one_of(key, value, MODES)
 
 
@@ -203,6 +212,70 @@ class CommitterSettings(Settings):
             raise FieldError("path", "must not be empty")
 
 
+def _range(lo_key: str, lo: float | None, hi_key: str, hi: float | None) -> None:
+    for key, value in ((lo_key, lo), (hi_key, hi)):
+        if value is not None:
+            finite(key, value)
+    if lo is not None and hi is not None and lo > hi:
+        raise FieldError(hi_key, f"must be at least {lo_key} ({lo}), got {hi}")
+
+
+@dataclass
+class RewardSettings(Settings):
+    """The in-process reward calculator: core's judges and composition, run when a trace closes.
+
+    ``run`` names a run file whose ``judges`` (and ``reward.scores``) are used; ``judges``
+    lists them here instead, in the run file's form. A judge that returns FAILED (or raises,
+    or times out) is retried ``max_retries`` times; then the trace is unrewarded, never 0.
+    """
+
+    run: str | None = None
+    judges: list[ComponentSpec] = field(default_factory=list)
+    timeout_s: float = 30.0
+    max_retries: int = 2
+    close_after_s: float = 0.0
+    concurrency: int = 4
+    queue_size: int = 1000
+    reward_min: float | None = None
+    reward_max: float | None = None
+
+    def check(self) -> None:
+        if self.run is not None and self.judges:
+            raise FieldError("judges", "set either run (a run file's judges) or judges, not both")
+        if self.run is None and not self.judges:
+            raise FieldError("judges", "name at least one judge, or a run file under run")
+        if self.run is not None and not self.run.strip():
+            raise FieldError("run", "must not be empty")
+        at_least("timeout_s", self.timeout_s, 0.0, strict=True)
+        at_least("max_retries", self.max_retries, 0)
+        at_least("close_after_s", self.close_after_s, 0.0)
+        at_least("concurrency", self.concurrency, 1)
+        at_least("queue_size", self.queue_size, 1)
+        _range("reward_min", self.reward_min, "reward_max", self.reward_max)
+
+
+@dataclass
+class ShadowSettings(Settings):
+    """Shadow mode: sampled requests are answered by the upstream and re-run on the policy in the background.
+
+    ``tools`` is the read-only allowlist: tool name to a ``module:function`` the gateway may run
+    itself to continue a shadow run; a tool call not on it is never executed and ends the run there.
+    """
+
+    queue_size: int = 100
+    concurrency: int = 2
+    max_turns: int = 4
+    tools: dict[str, str] = field(default_factory=dict)
+
+    def check(self) -> None:
+        at_least("queue_size", self.queue_size, 1)
+        at_least("concurrency", self.concurrency, 1)
+        at_least("max_turns", self.max_turns, 1)
+        for name, ref in self.tools.items():
+            if not isinstance(ref, str) or ":" not in ref:
+                raise FieldError(f"tools.{name}", f"expected a module:function reference, got {ref!r}")
+
+
 @dataclass
 class OnlineSettings(Settings):
     """The whole ``online.yaml``."""
@@ -219,6 +292,8 @@ class OnlineSettings(Settings):
     limits: LimitSettings = field(default_factory=LimitSettings)
     feedback: FeedbackSettings = field(default_factory=FeedbackSettings)
     committer: CommitterSettings = field(default_factory=CommitterSettings)
+    reward: RewardSettings | None = None
+    shadow: ShadowSettings = field(default_factory=ShadowSettings)
     redact: str | None = None
     base_dir: str | None = field(default=None, metadata={"yaml": False})  # the file's folder, for `redact`
 
@@ -228,8 +303,9 @@ class OnlineSettings(Settings):
             if route not in ROUTES:
                 raise FieldError(f"routes.{route}", f"not a route with a mode; the routes are {list(ROUTES)}")
             _mode(f"routes.{route}", mode)
-        if "route" in self.modes() and self.policy is None:
-            raise FieldError("policy", "route mode needs policy.url (a `reinforge serve` endpoint)")
+        for needs in ("route", "shadow"):
+            if needs in self.modes() and self.policy is None:
+                raise FieldError("policy", f"{needs} mode needs policy.url (a `reinforge serve` endpoint)")
         a = self.auth
         if not self.dev:
             for key in ("traffic_key_env", "admin_key_env", "feedback_secret_env"):
@@ -312,4 +388,11 @@ def load_config(path: str | Path, *, dev: bool = False) -> OnlineSettings:
         where_to = Path(part.path).expanduser()
         if not where_to.is_absolute():
             part.path = str((file.parent / where_to).resolve())
+    if settings.reward is not None and settings.reward.run is not None:
+        run = Path(settings.reward.run).expanduser()
+        if not run.is_absolute():
+            run = (file.parent / run).resolve()
+        if not run.is_file():
+            raise ConfigError(f"{where}: reward.run: {settings.reward.run!r} does not exist (looked for {run})")
+        settings.reward.run = str(run)
     return settings

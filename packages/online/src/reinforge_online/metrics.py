@@ -60,6 +60,24 @@ class Metrics:
         self.committed_traces = Counter(
             "reinforge_online_committed_traces", "rewarded traces in committed batches", registry=r
         )
+        self.judged = Counter(
+            "reinforge_online_rewards",
+            "traces the reward calculator looked at: rewarded, or skipped (feedback came first, or gone)",
+            ["result"],
+            registry=r,
+        )
+        self.unrewarded = Counter(
+            "reinforge_online_unrewarded_traces",
+            "closed traces left without a reward (failed, error, not_finite, queue_full, store), never given 0",
+            ["reason"],
+            registry=r,
+        )
+        self.shadow = Counter(
+            "reinforge_online_shadow_runs",
+            "shadow runs by result (recorded, dropped: queue full, stopped: a tool not on the allowlist, failed)",
+            ["result"],
+            registry=r,
+        )
         self.added = Histogram(
             "reinforge_online_added_latency_seconds",
             "time spent in the gateway itself (before forwarding and after the response arrived), by path",

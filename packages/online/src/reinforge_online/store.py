@@ -107,6 +107,7 @@ class CallRecord:
     policy_version: str | None = None
     timing: dict[str, float] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+    task: dict[str, Any] | None = None  # what the reward calculator's judges get as ``task`` (kept with the trace)
 
     def write(self, db: sqlite3.Connection, max_calls: int | None = None) -> None:
         """Insert the call, and its trace unless the call continues one (which must still be open).
@@ -116,8 +117,15 @@ class CallRecord:
         row = db.execute("SELECT status FROM traces WHERE trace_id = ?", (self.trace_id,)).fetchone()
         if row is None:
             db.execute(
-                "INSERT INTO traces (trace_id, session_id, route, mode, created_at) VALUES (?, ?, ?, ?, ?)",
-                (self.trace_id, self.session_id, self.route, self.mode, self.created_at),
+                "INSERT INTO traces (trace_id, session_id, route, mode, created_at, data) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    self.trace_id,
+                    self.session_id,
+                    self.route,
+                    self.mode,
+                    self.created_at,
+                    _dumps({"task": self.task} if self.task is not None else {}),
+                ),
             )
         elif row[0] != "open":
             raise TraceClosed(f"trace {self.trace_id!r} is {row[0]}: it takes no more calls")
@@ -156,14 +164,15 @@ def _loads_opt(text: str | None) -> Any:
 
 
 def _sweep(db: sqlite3.Connection, before: float) -> int:
-    """Delete traces created before ``before`` that are open (never rewarded) or committed; how many.
+    """Delete traces created before ``before`` that are open, unrewarded (never rewarded) or committed; how many.
 
     Rewarded traces waiting for the committer and batches being sent are kept.
     """
     ids = [
         r[0]
         for r in db.execute(
-            "SELECT trace_id FROM traces WHERE created_at < ? AND status IN ('open', 'committed')", (before,)
+            "SELECT trace_id FROM traces WHERE created_at < ? AND status IN ('open', 'unrewarded', 'committed')",
+            (before,),
         )
     ]
     for table in ("calls", "rewards", "feedback", "traces"):
@@ -444,12 +453,14 @@ class TraceStore:
     def trace(self, trace_id: str) -> dict[str, Any] | None:
         """A trace with its calls and reward, as plain data; None when it is not stored."""
         rows = self._read(
-            "SELECT trace_id, session_id, route, mode, created_at, status, batch_id FROM traces WHERE trace_id = ?",
+            "SELECT trace_id, session_id, route, mode, created_at, status, batch_id, data FROM traces"
+            " WHERE trace_id = ?",
             (trace_id,),
         )
         if not rows:
             return None
-        tid, session, route, mode, created, status, batch = rows[0]
+        tid, session, route, mode, created, status, batch, data = rows[0]
+        extra = json.loads(data or "{}")
         calls = [
             {
                 "call_id": c[0],
@@ -480,6 +491,9 @@ class TraceStore:
             "calls": calls,
             "reward": reward[0][0] if reward else None,
             "reward_source": reward[0][1] if reward else None,
+            "task": extra.get("task"),
+            "reward_metrics": extra.get("reward_metrics"),
+            "unrewarded": extra.get("unrewarded"),
         }
 
     def trace_ids(self) -> list[str]:

@@ -1,0 +1,283 @@
+"""The training path shared by the HTTP gateway and the in-process Python API: one code path, not two.
+
+A :class:`Pipeline` owns the selection strategy, the trace store, the redactor, the policy's
+circuit breaker, the reward calculator, the committer and the metrics. The gateway and
+:class:`reinforge_online.OnlineChatModel` both ask it whether to sample and hand it the calls
+to record, so rewards, feedback and commits behave the same whichever way a call came in.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any
+
+from . import feedback
+from .committer import Committer, JsonlSink, Sink
+from .config import CHAT_ROUTE, OnlineSettings, Secrets
+from .metrics import Metrics
+from .redact import Redactor, resolve_redactor
+from .rewards import RewardCalculator, build_composer
+from .selection import Selection, SelectionRequest, build_selection, session_of
+from .store import CallRecord, StoreUnavailable, TraceClosed, TraceStore
+
+__all__ = ["Pipeline", "task_of"]
+
+_log = logging.getLogger("reinforge_online")
+
+
+def task_of(body: Mapping[str, Any]) -> dict[str, Any] | None:
+    """What the reward calculator's judges get as ``task`` for a request: its ``metadata`` object, if any."""
+    meta = body.get("metadata")
+    return dict(meta) if isinstance(meta, dict) else None
+
+
+class Pipeline:
+    """Selection, store, redaction, circuit breaker, rewards and committer of one gateway or trainer.
+
+    Everything not given is built from ``settings``. Nothing starts threads but the store's writer;
+    :meth:`start` starts the reward calculator and the committer, :meth:`close` stops them all.
+    """
+
+    def __init__(
+        self,
+        settings: OnlineSettings,
+        secrets: Secrets,
+        *,
+        store: TraceStore | None = None,
+        selection: Selection | None = None,
+        metrics: Metrics | None = None,
+        redact: Redactor | None = None,
+        composer: Any = None,
+        sink: Sink | None = None,
+        where: str = "online.yaml",
+    ) -> None:
+        self.settings = settings
+        self.secrets = secrets
+        self.metrics = metrics or Metrics()
+        self.redact = redact or resolve_redactor(settings)
+        self.selection = selection or build_selection(settings.selection)
+        s = settings.store
+        self.store = store or TraceStore(
+            s.path,
+            queue_size=s.queue_size,
+            batch_max=s.batch_max,
+            busy_timeout_ms=s.busy_timeout_ms,
+            probe_interval_s=s.probe_interval_s,
+            ttl_s=s.ttl_s,
+            sweep_interval_s=s.sweep_interval_s,
+            max_calls_per_trace=s.max_calls_per_trace,
+            on_error=self._store_error,
+            on_health=self._store_health,
+        )
+        self._policy_failures = 0
+        self._policy_paused_until = 0.0
+        self._judges: list[Any] = []
+        self.rewards = self._rewards(settings, composer, where)
+        self.committer = self._committer(settings, sink)
+        self._started = False
+
+    def _rewards(self, settings: OnlineSettings, composer: Any, where: str) -> RewardCalculator | None:
+        r = settings.reward
+        if r is None and composer is None:
+            return None
+        if composer is None:
+            assert r is not None
+            composer = build_composer(r, where=where, base_dir=settings.base_dir)
+            self._judges = [slot.fn for slot in composer.judges]  # built here: closed in close()
+        low, high = (r.reward_min, r.reward_max) if r is not None else (None, None)
+        return RewardCalculator(
+            self.store,
+            composer,
+            close_after_s=r.close_after_s if r is not None else 0.0,
+            concurrency=r.concurrency if r is not None else 4,
+            queue_size=r.queue_size if r is not None else 1000,
+            reward_min=settings.feedback.reward_min if low is None else low,
+            reward_max=settings.feedback.reward_max if high is None else high,
+            on_result=self._reward_result,
+            on_rewarded=lambda trace_id, reward: self.rewarded(),
+        )
+
+    def _committer(self, settings: OnlineSettings, sink: Sink | None) -> Committer | None:
+        c = settings.committer
+        if sink is None:
+            if c.kind == "none":
+                return None
+            sink = JsonlSink(c.path)
+        return Committer(
+            self.store,
+            sink,
+            interval_s=c.interval_s,
+            min_traces=c.min_traces,
+            max_traces=c.max_traces,
+            retry_s=c.retry_s,
+            on_commit=self._batch_committed,
+            on_failure=lambda batch_id: self.metrics.batches.labels("failed").inc(),
+        )
+
+    def start(self) -> Pipeline:
+        """Start the reward calculator and the committer (once)."""
+        if not self._started:
+            self._started = True
+            if self.rewards is not None:
+                self.rewards.start()
+            if self.committer is not None:
+                self.committer.start()
+        return self
+
+    # -- callbacks -----------------------------------------------------------------------------
+
+    def _reward_result(self, result: str, reason: str | None) -> None:
+        if result == "unrewarded":
+            self.metrics.unrewarded.labels(reason or "unknown").inc()
+        else:
+            self.metrics.judged.labels(result).inc()
+
+    def _batch_committed(self, batch_id: str, n: int) -> None:
+        self.metrics.batches.labels("committed").inc()
+        self.metrics.committed_traces.inc(n)
+
+    def _store_error(self, kind: str) -> None:
+        self.metrics.store_errors.labels(kind).inc()
+
+    def _store_health(self, ok: bool) -> None:
+        self.metrics.store_healthy.set(1 if ok else 0)
+
+    def rewarded(self, n: int = 1) -> None:
+        """``n`` traces got a reward (feedback or judges): the committer may commit sooner."""
+        if self.committer is not None:
+            self.committer.rewarded(n)
+
+    # -- selection and the policy's circuit breaker ---------------------------------------------
+
+    def select(
+        self, headers: Mapping[str, str], body: dict[str, Any], continued: bool = False, session: str | None = None
+    ) -> tuple[bool, str | None]:
+        """Whether to sample (never while the store or policy is unhealthy) and the request's session.
+
+        A request that continues a trace is sampled whenever sampling is not paused.
+        """
+        if session is None:
+            session = session_of(headers, body, self.settings.selection.session_header)
+        if not self.store.healthy:
+            self.metrics.paused.labels("store").inc()
+            return False, session
+        if self._policy_paused_until and time.monotonic() < self._policy_paused_until:
+            self.metrics.paused.labels("policy").inc()
+            return False, session
+        if continued:
+            return True, session
+        try:
+            chosen = bool(self.selection.select(SelectionRequest(CHAT_ROUTE, headers, body, session)))
+        except Exception:  # noqa: BLE001 - a broken strategy must not fail traffic: not sampled
+            _log.exception("the selection strategy raised; the request is not sampled")
+            return False, session
+        return chosen, session
+
+    def policy_failed(self) -> None:
+        """A circuit breaker: after ``failures_before_pause`` failures in a row sampling pauses for ``pause_s``.
+
+        The first sampled request after the pause tries the policy again; a failure pauses it again.
+        """
+        p = self.settings.policy
+        self._policy_failures += 1
+        if p is not None and self._policy_failures >= p.failures_before_pause:
+            self._policy_paused_until = time.monotonic() + p.pause_s
+            self.metrics.policy_healthy.set(0)
+
+    def policy_ok(self) -> None:
+        self._policy_failures, self._policy_paused_until = 0, 0.0
+        self.metrics.policy_healthy.set(1)
+
+    # -- recording -----------------------------------------------------------------------------
+
+    def trace_headers(self, trace_id: str) -> dict[str, str]:
+        """The headers that let a caller continue the trace and send its feedback."""
+        return {
+            feedback.TRACE_ID_HEADER: trace_id,
+            feedback.FEEDBACK_TOKEN_HEADER: self.feedback_token(trace_id),
+        }
+
+    def feedback_token(self, trace_id: str) -> str:
+        return feedback.feedback_token(self.secrets.feedback_secret, trace_id)
+
+    def record(self, call: CallRecord) -> bool:
+        """Redact ``call`` and queue it for the store; whether it was taken (a drop is counted).
+
+        A redactor that raises keeps the call out of the store (fail closed for privacy). Once the
+        call is acknowledged the reward calculator's clock for its trace (re)starts.
+        """
+        return self.record_future(call) is not None
+
+    def record_future(self, call: CallRecord) -> Future[Any] | None:
+        """:meth:`record`, with the store's future (resolved once the call is acknowledged), or None."""
+        if self.redact is not None:
+            try:  # on a copy: the client's response may still be on its way
+                redacted = self.redact(copy.deepcopy(call))
+            except Exception:  # noqa: BLE001 - the user's redactor: the call is not stored
+                _log.exception("the redactor raised; the call is not stored")
+                self.metrics.redacted.labels("error").inc()
+                return None
+            if redacted is None:
+                self.metrics.redacted.labels("dropped").inc()
+                return None
+            call = redacted
+        try:
+            future = self.store.record(call)
+        except StoreUnavailable:
+            return None
+        trace_id = call.trace_id
+
+        def done(f: Any) -> None:
+            exc = f.exception()
+            if exc is None:
+                self.metrics.recorded.inc()
+                if self.rewards is not None:
+                    self.rewards.touched(trace_id)
+            elif isinstance(exc, TraceClosed):
+                self.metrics.closed_trace_calls.inc()
+
+        future.add_done_callback(done)
+        return future
+
+    def close_trace(self, trace_id: str) -> None:
+        """The episode of ``trace_id`` ended: score it now (when a reward calculator is configured)."""
+        if self.rewards is not None:
+            self.rewards.close_trace(trace_id)
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Finish scoring, a last commit, drain the store, all within ``timeout``; whether it all finished.
+
+        Never raises: a backend or sink that is down leaves its batch ``committing`` for the next start.
+        """
+        deadline = time.monotonic() + timeout
+        ok = True
+
+        def left() -> float:
+            return max(0.1, deadline - time.monotonic())
+
+        for part in (self.rewards, self.committer):
+            if part is None:
+                continue
+            try:
+                ok = part.stop(timeout=left()) and ok
+            except Exception:  # noqa: BLE001 - shutting down is best effort
+                _log.exception("stopping %s failed", type(part).__name__)
+                ok = False
+        for judge in self._judges:
+            try:
+                judge.close()
+            except Exception:  # noqa: BLE001
+                _log.exception("closing the judge %s failed", judge.name)
+        self._judges = []
+        try:
+            ok = self.store.close(timeout=left()) and ok
+        except Exception:  # noqa: BLE001
+            _log.exception("closing the trace store failed")
+            ok = False
+        return ok
