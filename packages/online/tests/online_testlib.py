@@ -60,12 +60,20 @@ class Fake:
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.fail = False
         self.behaviour = "ok"  # the policy's: "garbage" (200, not JSON) or "error_event" (a stream that fails)
-        self.hold = threading.Event()  # the upstream's, with behaviour "hang": answers once it is set
+        self.hold = threading.Event()  # with behaviour "hang": answers once it is set
+        self.arrived = threading.Condition()
 
     async def _record(self, request: Request) -> bytes:
         raw = await request.body()
-        self.requests.append(({k.lower(): v for k, v in request.headers.items()}, raw))
+        with self.arrived:
+            self.requests.append(({k.lower(): v for k, v in request.headers.items()}, raw))
+            self.arrived.notify_all()
         return raw
+
+    def wait_requests(self, n: int, timeout: float = 10) -> bool:
+        """Wait until ``n`` requests arrived (shadow runs reach the policy in the background)."""
+        with self.arrived:
+            return self.arrived.wait_for(lambda: len(self.requests) >= n, timeout)
 
     def bodies(self) -> list[dict[str, Any]]:
         return [json.loads(raw) for _, raw in self.requests if raw]
@@ -118,6 +126,8 @@ class FakePolicy(Fake):
                 return JSONResponse({"error": {"message": "policy broke"}}, status_code=503)
             if self.behaviour == "garbage":
                 return Response(b"<html>oops</html>", media_type="application/json")
+            if self.behaviour == "hang":
+                await asyncio.to_thread(self.hold.wait, 30)
             body = json.loads(raw)
             ids, lp = body.get("return_token_ids"), body.get("logprobs")
             headers = {"x-policy-version": POLICY_VERSION}
@@ -150,6 +160,15 @@ class FakePolicy(Fake):
                 "logprobs": None,
                 "finish_reason": "stop",
             }
+            last = (body.get("messages") or [{}])[-1]
+            if self.behaviour.startswith("tool:") and last.get("role") != "tool":  # "tool:<name>": asks for it once
+                call = {
+                    "id": "call-1",
+                    "type": "function",
+                    "function": {"name": self.behaviour[5:], "arguments": '{"query": "q"}'},
+                }
+                choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
+                choice["finish_reason"] = "tool_calls"
             if lp:
                 choice["logprobs"] = {"content": [_logprobs(i)["content"][0] for i in range(len(POLICY_TOKENS))]}
             if ids:
@@ -308,3 +327,12 @@ async def echo_workflow(task: dict, model: Any) -> Any:
 def const_group(task: dict, responses: list[Any]) -> list[float]:
     """A group reward for a run file online refuses (it scores traces one at a time)."""
     return [1.0] * len(responses)
+
+
+TOOL_CALLS: list[dict[str, Any]] = []  # what the allowlisted test tool was called with
+
+
+def lookup(query: str) -> str:
+    """A read-only tool for shadow runs: it answers and remembers that it ran."""
+    TOOL_CALLS.append({"query": query})
+    return f"found {query}"

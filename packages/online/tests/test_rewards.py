@@ -66,11 +66,11 @@ def test_a_failed_judge_is_retried_then_rewards(gateway):
     assert slot.fn.func.calls == 2  # FAILED once, then answered
 
 
-def test_a_judge_that_keeps_failing_leaves_the_trace_unrewarded_never_zero(gateway):
+def test_a_judge_that_keeps_failing_leaves_the_trace_unrewarded_never_zero(gateway, tmp_path):
     server = gateway(
         **sampled(
             reward={"judges": [{"ref": "online_testlib:FailsFirst", "args": {"failures": 99}}], "max_retries": 2},
-            committer={"kind": "sink", "min_traces": 1, "interval_s": 3600},
+            committer={"kind": "sink", "path": str(tmp_path / "out"), "min_traces": 1, "interval_s": 3600},
         )
     )
     r = ask(server)

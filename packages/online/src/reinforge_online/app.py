@@ -36,7 +36,7 @@ from .proxy import Upstream, raw_chunks, request_headers, response_headers
 from .ratelimit import RateLimiter
 from .redact import Redactor
 from .selection import Selection
-from .shadow import ShadowRunner
+from .shadow import ShadowRunner, resolve_tools
 from .store import CallRecord, StoreUnavailable, TraceStore
 
 __all__ = ["FEEDBACK_ROUTE", "Gateway", "build_app"]
@@ -196,6 +196,7 @@ class Gateway:
     ) -> None:
         self.settings = settings
         self.secrets = secrets
+        tools = resolve_tools(settings) if "shadow" in settings.modes() else None  # before anything starts
         self.owns_pipeline = pipeline is None
         self.pipeline = pipeline or Pipeline(
             settings, secrets, store=store, selection=selection, metrics=metrics, redact=redact
@@ -219,7 +220,7 @@ class Gateway:
             if lim.requests_per_s is not None
             else None
         )
-        self.shadow = ShadowRunner(self) if "shadow" in settings.modes() else None
+        self.shadow = ShadowRunner(self, tools) if tools is not None else None
 
     async def aclose(self) -> None:
         """Stop the shadow runs, close the clients, then (when it owns it) the pipeline (never raises)."""

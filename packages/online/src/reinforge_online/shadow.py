@@ -16,6 +16,7 @@ import asyncio
 import inspect
 import json
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -74,21 +75,19 @@ async def _run_tool(fn: Callable[..., Any], arguments: str) -> str:
 class ShadowRunner:
     """The gateway's background shadow runs: a bounded queue and ``shadow.concurrency`` workers on its loop."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, tools: dict[str, Callable[..., Any]]) -> None:
         self.gateway = gateway
-        s = gateway.settings.shadow
-        self.settings = s
-        self.tools = resolve_tools(gateway.settings)
+        self.settings = gateway.settings.shadow
+        self.tools = tools  # the allowlist, resolved (see resolve_tools)
         self._queue: asyncio.Queue[tuple[dict[str, Any], str | None, str]] | None = None
         self._workers: list[asyncio.Task[None]] = []
-        self.finished = 0  # shadow runs done (any result), for tests and /metrics
-        self._changed: asyncio.Condition | None = None
+        self.finished = 0  # shadow runs done (any result)
+        self._changed = threading.Condition()
 
     def submit(self, body: dict[str, Any], session: str | None, trace_id: str) -> bool:
         """Queue a shadow run of ``body`` (on the event loop); False when the queue is full (dropped, counted)."""
         if self._queue is None:
             self._queue = asyncio.Queue(maxsize=self.settings.queue_size)
-            self._changed = asyncio.Condition()
             self._workers = [asyncio.create_task(self._work()) for _ in range(self.settings.concurrency)]
         try:
             self._queue.put_nowait((body, session, trace_id))
@@ -97,18 +96,13 @@ class ShadowRunner:
             return False
         return True
 
-    async def wait_finished(self, n: int, timeout: float) -> bool:
-        """Wait (on the gateway's loop) until ``n`` shadow runs finished."""
-        assert self._changed is not None
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.finished >= n), timeout)
-            except asyncio.TimeoutError:
-                return False
-        return True
+    def wait_finished(self, n: int, timeout: float | None = None) -> bool:
+        """Wait (from another thread) until ``n`` shadow runs finished; whether they did."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.finished >= n, timeout)
 
     async def _work(self) -> None:
-        assert self._queue is not None and self._changed is not None
+        assert self._queue is not None
         while True:
             body, session, trace_id = await self._queue.get()
             try:
@@ -117,7 +111,7 @@ class ShadowRunner:
                 _log.exception("a shadow run failed")
                 result = "failed"
             self.gateway.metrics.shadow.labels(result).inc()
-            async with self._changed:
+            with self._changed:
                 self.finished += 1
                 self._changed.notify_all()
 
