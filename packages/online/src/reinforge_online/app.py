@@ -554,8 +554,6 @@ class Gateway:
             self.metrics.feedback.labels(str(exc.status)).inc()
             raise
         self.metrics.feedback.labels(str(outcome.status)).inc()
-        if outcome.body.get("status") == "recorded":
-            self.pipeline.rewarded()
         return JSONResponse(outcome.body, status_code=outcome.status)
 
     async def _feedback(self, request: Request) -> feedback.FeedbackOutcome:
@@ -564,12 +562,8 @@ class Gateway:
         req = feedback.parse(body)
         token = request.headers.get(feedback.FEEDBACK_TOKEN_HEADER) or body.get("feedback_token")
         feedback.check_token(self.secrets.feedback_secret, req.trace_id, token if isinstance(token, str) else None)
-        f = self.settings.feedback
-        reward = feedback.clamp(req.reward, f.reward_min, f.reward_max)
-        conflict = f.conflict
         try:
-            future = self.store.submit(lambda db: feedback.apply_feedback(db, req, reward, conflict))
-            outcome: feedback.FeedbackOutcome = await asyncio.wrap_future(future)
+            outcome: feedback.FeedbackOutcome = await asyncio.wrap_future(self.pipeline.feedback(req))
         except StoreUnavailable as exc:
             raise ApiError(f"feedback cannot be stored right now: {exc}", status=503, code="store_unavailable") from exc
         return outcome

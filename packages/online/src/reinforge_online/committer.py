@@ -134,6 +134,7 @@ class Committer:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._flush = True
+        self.last_pass_ok = True  # whether the last pass sent everything it claimed
         self._rewarded = 0
         self._failures = 0
         self._lock = threading.Condition()
@@ -199,10 +200,12 @@ class Committer:
         try:
             work()
         except Exception:  # noqa: BLE001 - retried with backoff: a claimed batch keeps its id
+            self.last_pass_ok = False
             self._failures += 1
             wait = min(self.interval_s, self.retry_s * 2 ** min(self._failures - 1, 16))
             _log.exception("committing a batch failed; retrying in %.2f s", wait)
             return wait
+        self.last_pass_ok = True
         self._failures = 0
         return self.interval_s
 
@@ -218,7 +221,8 @@ class Committer:
             wait = self._attempt(self.run_once)
 
     def stop(self, timeout: float = 10.0, *, flush: bool = True) -> bool:
-        """Stop the thread, after a last pass when ``flush`` (within ``timeout``); whether it stopped.
+        """Stop the thread, after a last pass when ``flush`` (within ``timeout``); whether it stopped with
+        nothing left unsent.
 
         Never raises: a batch the sink does not take stays ``committing`` and is resent at the next start.
         """
@@ -227,4 +231,4 @@ class Committer:
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
-        return not self._thread.is_alive()
+        return not self._thread.is_alive() and self.last_pass_ok

@@ -243,6 +243,23 @@ class Pipeline:
         future.add_done_callback(done)
         return future
 
+    def feedback(self, req: feedback.FeedbackRequest) -> Future[feedback.FeedbackOutcome]:
+        """Apply one (already authorised) feedback on the writer thread: clamped, conflict policy, idempotency.
+
+        :raises StoreUnavailable: the store does not take writes now.
+        """
+        f = self.settings.feedback
+        reward = feedback.clamp(req.reward, f.reward_min, f.reward_max)
+        conflict = f.conflict
+        future = self.store.submit(lambda db: feedback.apply_feedback(db, req, reward, conflict))
+
+        def done(fut: Future[feedback.FeedbackOutcome]) -> None:
+            if fut.exception() is None and fut.result().body.get("status") == "recorded":
+                self.rewarded()
+
+        future.add_done_callback(done)
+        return future
+
     def close_trace(self, trace_id: str) -> None:
         """The episode of ``trace_id`` ended: score it now (when a reward calculator is configured)."""
         if self.rewards is not None:
