@@ -186,13 +186,28 @@ def served_url(smollm2: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def ray_local() -> Iterator[Any]:
-    """A local Ray instance (2 CPUs, no dashboard) for Trinity's model lookup; shut down at the end."""
+    """A local Ray instance (2 CPUs, no dashboard) for Trinity's model lookup; shut down at the end.
+
+    Its session folder goes under a short temporary folder: Ray's sockets must fit AF_UNIX's 107-byte limit, and
+    nox's TMPDIR (inside .nox/) is too deep for them.
+    """
+    import os
+    import tempfile
+
     ray = pytest.importorskip("ray")
+    root = tempfile.mkdtemp(prefix="ray-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    saved = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = root
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         yield ray
     finally:
         ray.shutdown()
+        if saved is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = saved
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def start_external_model_actor(ray: Any, config: Any, url: str) -> Any:
