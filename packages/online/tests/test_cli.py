@@ -85,6 +85,22 @@ def test_a_bad_file_is_a_clear_error_without_a_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+def test_a_judge_that_does_not_resolve_is_a_clear_error_before_anything_binds(tmp_path):
+    (tmp_path / "online.yaml").write_text(
+        "upstream: {url: 'http://127.0.0.1:1/v1'}\ndev: true\nmode: record\nreward: {judges: [exact_mach]}\n"
+    )
+    proc = subprocess.run(
+        [*REINFORGE, "online", "serve", str(tmp_path / "online.yaml")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "REINFORGE_LOAD_PLUGINS": "reinforge-online"},
+        timeout=60,
+    )
+    assert proc.returncode != 0
+    assert f"{tmp_path / 'online.yaml'}: reward.judges[0]: no judge named 'exact_mach'" in proc.stderr, proc.stderr
+    assert "exact_match" in proc.stderr and "Traceback" not in proc.stderr  # the hint names the right one
+
+
 def test_kill_9_under_load_keeps_every_acknowledged_trace(tmp_path, upstream, policy, fakes):
     """Feedback answered 200 means its trace (and reward) committed: all of those survive a kill -9."""
     import httpx

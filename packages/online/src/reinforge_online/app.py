@@ -193,13 +193,14 @@ class Gateway:
         metrics: Metrics | None = None,
         redact: Redactor | None = None,
         pipeline: Pipeline | None = None,
+        where: str = "online.yaml",
     ) -> None:
         self.settings = settings
         self.secrets = secrets
-        tools = resolve_tools(settings) if "shadow" in settings.modes() else None  # before anything starts
+        tools = resolve_tools(settings, where) if "shadow" in settings.modes() else None  # before anything starts
         self.owns_pipeline = pipeline is None
         self.pipeline = pipeline or Pipeline(
-            settings, secrets, store=store, selection=selection, metrics=metrics, redact=redact
+            settings, secrets, store=store, selection=selection, metrics=metrics, redact=redact, where=where
         )
         if self.owns_pipeline:
             self.pipeline.start()
@@ -590,12 +591,23 @@ def build_app(
     metrics: Metrics | None = None,
     redact: Redactor | None = None,
     pipeline: Pipeline | None = None,
+    where: str = "online.yaml",
 ) -> Starlette:
     """The gateway's ASGI app; its lifespan closes the clients and drains the store at shutdown.
 
-    ``app.state.gateway`` is the :class:`Gateway` (its ``store`` and ``metrics`` included).
+    ``app.state.gateway`` is the :class:`Gateway` (its ``store`` and ``metrics`` included); ``where``
+    (the settings' file) starts the messages of components that fail to build.
     """
-    gw = Gateway(settings, secrets, store=store, selection=selection, metrics=metrics, redact=redact, pipeline=pipeline)
+    gw = Gateway(
+        settings,
+        secrets,
+        store=store,
+        selection=selection,
+        metrics=metrics,
+        redact=redact,
+        pipeline=pipeline,
+        where=where,
+    )
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -31,7 +31,7 @@ def build(args: argparse.Namespace) -> tuple[Starlette, str, int]:
     settings = load_config(args.config, dev=getattr(args, "dev", False))
     host = args.host or settings.listen.host
     port = settings.listen.port if args.port is None else args.port
-    app = build_app(settings, resolve_secrets(settings, str(args.config)))
+    app = build_app(settings, resolve_secrets(settings, str(args.config)), where=str(args.config))
     return app, host, port
 
 

@@ -58,8 +58,12 @@ class Pipeline:
         self.settings = settings
         self.secrets = secrets
         self.metrics = metrics or Metrics()
-        self.redact = redact or resolve_redactor(settings)
-        self.selection = selection or build_selection(settings.selection)
+        self.redact = redact or resolve_redactor(settings, where)
+        self.selection = selection or build_selection(settings.selection, where=where)
+        self._judges: list[Any] = []
+        if composer is None and settings.reward is not None:  # judges first: a bad one fails before any thread starts
+            composer = build_composer(settings.reward, where=where, base_dir=settings.base_dir)
+            self._judges = [slot.fn for slot in composer.judges]  # built here: closed in close()
         s = settings.store
         self.store = store or TraceStore(
             s.path,
@@ -75,19 +79,14 @@ class Pipeline:
         )
         self._policy_failures = 0
         self._policy_paused_until = 0.0
-        self._judges: list[Any] = []
-        self.rewards = self._rewards(settings, composer, where)
+        self.rewards = self._rewards(settings, composer)
         self.committer = self._committer(settings, sink)
         self._started = False
 
-    def _rewards(self, settings: OnlineSettings, composer: Any, where: str) -> RewardCalculator | None:
+    def _rewards(self, settings: OnlineSettings, composer: Any) -> RewardCalculator | None:
         r = settings.reward
-        if r is None and composer is None:
-            return None
         if composer is None:
-            assert r is not None
-            composer = build_composer(r, where=where, base_dir=settings.base_dir)
-            self._judges = [slot.fn for slot in composer.judges]  # built here: closed in close()
+            return None
         low, high = (r.reward_min, r.reward_max) if r is not None else (None, None)
         return RewardCalculator(
             self.store,

@@ -284,7 +284,10 @@ class RewardCalculator:
             finished = False
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(max(0.1, deadline - time.monotonic()))
-        return finished and not self._thread.is_alive()
+        if self._thread.is_alive():
+            return False  # a judge blocks its loop; the daemon thread is left to it
+        self._loop.close()
+        return finished
 
     # -- on the calculator's loop --------------------------------------------------------------
 
