@@ -227,14 +227,24 @@ def test_traces_left_open_by_a_stop_are_judged_at_the_next_start(tmp_path):
             task={"answer": "policy"},
         )
     ).result(10)
+    later = CallRecord(
+        trace_id="also-open", call_id="c2", route="/v1/chat/completions", mode="route", request=BODY, response={}
+    )
+    store.record(later).result(10)
     store.close()
     s = settings(
-        "http://127.0.0.1:1/v1", None, tmp_path / "t.sqlite", mode="record", reward={"judges": ["exact_match"]}
+        "http://127.0.0.1:1/v1",
+        None,
+        tmp_path / "t.sqlite",
+        mode="record",
+        reward={"judges": ["exact_match"], "queue_size": 1},
     )
     pipeline = Pipeline(s, SECRETS).start()
     try:
         assert pipeline.rewards is not None and pipeline.rewards.wait_results(1, timeout=10)
         pipeline.store.submit(lambda db: None).result(10)
-        assert pipeline.store.trace("left-open")["reward"] == 1.0
+        assert pipeline.store.trace("left-open")["reward"] == 1.0  # the oldest first
+        assert pipeline.store.trace("also-open")["status"] == "open"  # beyond queue_size: left for a later start
+        assert pipeline.rewards.results == {"rewarded": 1}
     finally:
         assert pipeline.close(timeout=10)

@@ -13,7 +13,7 @@ import openai
 import pytest
 from online_testlib import POLICY_PROMPT_IDS, POLICY_TOKENS, UPSTREAM_KEY
 
-from reinforge import JudgeOutput
+from reinforge import ChatModel, JudgeOutput
 from reinforge.plugin import ConfigError
 from reinforge_online import ExplicitMarking, OnlineTrainer, SamplingRate
 from reinforge_online.committer import JsonlSink
@@ -56,6 +56,7 @@ def test_sampled_calls_are_recorded_rewarded_and_committed_in_process(tmp_path):
     t = trainer(tmp_path, backend="sink", reward=right_answer, commit_interval_s=3600, min_traces=2).start()
     try:
         model = t.chat_model(upstream=upstream, policy=policy, model="gpt-up", policy_model="pol")
+        assert isinstance(model, ChatModel)  # what a reinforge workflow takes
 
         async def agent() -> list[Any]:
             return [await model.chat(MESSAGES, session_id=f"s{i}", task={"answer": "4"}) for i in range(2)]
@@ -82,6 +83,8 @@ def test_unsampled_calls_go_to_the_upstream_untouched_and_are_not_recorded(tmp_p
         assert reply.content == "5" and not reply.sampled and reply.trace_id is None
         assert upstream.bodies == [{"messages": MESSAGES, "temperature": 0.2, "model": "gpt-up"}]
         assert policy.bodies == [] and t.store.count("calls") == 0
+        with pytest.raises(ValueError, match="without stream=True"):
+            asyncio.run(model.chat(MESSAGES, stream=True))
 
 
 def test_explicit_marking_sees_the_headers_given(tmp_path):

@@ -203,7 +203,10 @@ class Committer:
             self.last_pass_ok = False
             self._failures += 1
             wait = min(self.interval_s, self.retry_s * 2 ** min(self._failures - 1, 16))
-            _log.exception("committing a batch failed; retrying in %.2f s", wait)
+            if self._stop.is_set():
+                _log.exception("committing a batch failed while stopping; it is resent at the next start")
+            else:
+                _log.exception("committing a batch failed; retrying in %.2f s", wait)
             return wait
         self.last_pass_ok = True
         self._failures = 0

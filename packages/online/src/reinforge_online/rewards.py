@@ -138,11 +138,12 @@ def _mark_unrewarded(db: sqlite3.Connection, trace_id: str, reason: str, error: 
     return True
 
 
-def _open_traces(db: sqlite3.Connection) -> list[tuple[str, float]]:
-    """Open traces and the time of their last call (to score them after a restart)."""
+def _open_traces(db: sqlite3.Connection, limit: int) -> list[tuple[str, float]]:
+    """Up to ``limit`` open traces, oldest first, with the time of their last call (to score after a restart)."""
     rows = db.execute(
         "SELECT t.trace_id, MAX(c.created_at) FROM traces t JOIN calls c ON c.trace_id = t.trace_id"
-        " WHERE t.status = 'open' GROUP BY t.trace_id ORDER BY MAX(c.created_at)"
+        " WHERE t.status = 'open' GROUP BY t.trace_id ORDER BY MAX(c.created_at) LIMIT ?",
+        (limit,),
     ).fetchall()
     return [(str(r[0]), float(r[1])) for r in rows]
 
@@ -225,7 +226,7 @@ class RewardCalculator:
 
     def _resume(self) -> None:
         try:
-            future = self.store.submit(_open_traces)
+            future = self.store.submit(lambda db: _open_traces(db, self.queue_size))
         except StoreUnavailable:
             return
 
@@ -234,7 +235,7 @@ class RewardCalculator:
                 now = time.time()
                 for trace_id, last in f.result():
                     delay = max(0.0, last + self.close_after_s - now)
-                    self._loop.call_soon_threadsafe(self._schedule, trace_id, delay)
+                    self._loop.call_soon_threadsafe(self._schedule, trace_id, delay, False)
 
         future.add_done_callback(schedule)
 
@@ -301,14 +302,19 @@ class RewardCalculator:
         except Exception:  # noqa: BLE001 - a metrics callback must not stop scoring
             _log.exception("the reward result callback raised")
 
-    def _schedule(self, trace_id: str, delay: float) -> None:
+    def _schedule(self, trace_id: str, delay: float, live: bool = True) -> None:
+        """Score ``trace_id`` after ``delay`` (a new call resets it); a live trace beyond ``queue_size`` is shed.
+
+        Traces found open at start (not ``live``) that do not fit stay open for a later start.
+        """
         if self._stopping:
             return
         old = self._timers.pop(trace_id, None)
         if old is not None:
             old.cancel()
         elif len(self._timers) + len(self._tasks) >= self.queue_size:
-            self._unrewarded(trace_id, "queue_full", f"more than {self.queue_size} traces waiting for their reward")
+            if live:
+                self._unrewarded(trace_id, "queue_full", f"more than {self.queue_size} traces waiting for a reward")
             return
         self._timers[trace_id] = self._loop.call_later(delay, self._due, trace_id)
 

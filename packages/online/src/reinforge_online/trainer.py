@@ -338,6 +338,8 @@ class OnlineChatModel:
         ``task`` is what the judges get (e.g. a reference answer); ``headers`` are what a selection
         strategy sees (``ExplicitMarking``'s header, a tenant).
         """
+        if sampling.get("stream"):
+            raise ValueError("OnlineChatModel.chat answers whole responses; call it without stream=True")
         body: dict[str, Any] = {"messages": [dict(m) for m in messages], **sampling}
         if self.model is not None:
             body.setdefault("model", self.model)
