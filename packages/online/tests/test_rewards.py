@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -248,3 +249,23 @@ def test_traces_left_open_by_a_stop_are_judged_at_the_next_start(tmp_path):
         assert pipeline.rewards.results == {"rewarded": 1}
     finally:
         assert pipeline.close(timeout=10)
+
+
+def test_the_math_examples_judges_score_a_gateway_trace():
+    """The end-to-end benchmark's rewards: examples/math/run.yaml's gate, correctness, format and brevity."""
+    import asyncio
+
+    from reinforge_online.rewards import judge_inputs
+
+    run = Path(__file__).resolve().parents[3] / "examples" / "math" / "run.yaml"
+    composer = build_composer(reward_settings(None, run=str(run)))
+
+    def trace(answer: str) -> dict[str, Any]:
+        message = {"role": "assistant", "content": answer}
+        call = {"request": BODY, "response": {"choices": [{"message": message, "finish_reason": "stop"}]}}
+        return {"trace_id": "t", "task": {"question": "2+2?", "answer": "4"}, "calls": [call]}
+
+    right = asyncio.run(composer.score(*judge_inputs(trace("4"))))
+    wrong = asyncio.run(composer.score(*judge_inputs(trace("5"))))
+    assert right.reward == pytest.approx(1.0) and right.rewards["reward/correct"] == 1.0
+    assert wrong.reward == 0.0 and wrong.rewards["gate/correct_gate"] == 0.0  # a wrong answer: 0, a real score
