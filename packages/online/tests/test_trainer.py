@@ -165,6 +165,8 @@ def test_stop_never_raises_when_the_backend_is_down_and_the_batch_is_resent_afte
     assert t.stop() is False  # its last pass failed: no exception, the batch waits for the next start
     (stuck,) = down.seen
     assert t.stop() is True  # a second stop has nothing left to do
+    after = asyncio.run(model.chat(MESSAGES))  # fail-open: a stopped trainer no longer samples
+    assert after.content == "5" and not after.sampled
     again = trainer(tmp_path, backend=JsonlSink(tmp_path / "batches"), commit_interval_s=3600).start()
     try:
         assert again.pipeline.committer is not None and again.pipeline.committer.wait_committed(1, timeout=10)
