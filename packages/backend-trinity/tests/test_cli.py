@@ -54,6 +54,7 @@ def test_tune_writes_the_config_and_says_launching_comes_later(math_dir) -> None
     path = math_dir.parent / "runs" / "math" / "addition" / "trinity_config.yaml"
     text = str(info.value)
     assert "does not launch it yet: launching" in text and "lands in a later version" in text
+    assert "reinforge_backend_trinity.workflow.ReinforgeWorkflow" in text  # what its tasksets run on
     assert f"trinity run --config {path}" in text
     assert "ray start --head" in text
     assert yaml.safe_load(path.read_text())["name"] == "addition"

@@ -158,7 +158,7 @@ def test_judges_and_group_reward_across_the_repeats(
         assert exp.info["model_version"] == 0  # from the model actor, set by Trinity's runner
     assert any(exp.metrics["reward/group"] == 1.0 for (exp,) in runs.values())
     counts = task_counts(exps)
-    assert counts["rollouts"] == 4 and counts["kept"] == 4 and counts["dropped"] == 0
+    assert counts["rollouts"] == 4 and counts["kept"] == 4 and counts["discarded"] == 0
     assert "failed" not in counts
 
 
@@ -207,7 +207,7 @@ def test_a_failed_judge_drops_its_run_and_counts_it(
     for (exp,) in runs.values():
         assert exp.reward == pytest.approx(adapter_components.length_score(check_tokens(exp, messages, tokenizer)))
     counts = task_counts(exps)
-    assert counts["rollouts"] == 4 and counts["kept"] == 3 and counts["dropped"] == 1
+    assert counts["rollouts"] == 4 and counts["kept"] == 3 and counts["discarded"] == 1
     assert counts["failed"] == 1 and counts["failed/judge"] == 1
 
 

@@ -5,7 +5,7 @@ the algorithm against :meth:`TrinityBackend.algorithm_name` before anything load
 then builds the Trinity config (so a run that cannot be written fails there too). ``tune --dry-run``
 writes it to ``<output_dir>/<project>/<experiment>/trinity_config.yaml`` and prints its path.
 Launching it (``run``) lands in a later version: ``run`` writes the same file and says how to run it
-with ``trinity run --config`` meanwhile.
+with ``trinity run --config`` meanwhile (its tasksets run on :mod:`reinforge_backend_trinity.workflow`).
 """
 
 from __future__ import annotations
@@ -125,10 +125,10 @@ class TrinityBackend(Backend):
         path = self.write(job)
         raise ConfigurationError(
             f"reinforge-backend-trinity {__version__} writes the run as a Trinity-RFT config but does not launch "
-            f"it yet: launching (Trinity's run_stage on Ray, with the Workflow adapter that runs reinforge "
-            f"workflows and judges) lands in a later version. The config is written: {path}. Meanwhile, with "
-            "backend_args.workflow_type naming a Trinity workflow (a registered name such as math_workflow, or a "
-            "dotted path to your trinity Workflow subclass), run it yourself: `ray start --head` (or point "
-            f"backend_args.ray_address at a cluster), then `trinity run --config {path}`. Trinity is installed "
-            f"with: {INSTALL_HINT}"
+            f"it yet: launching (Trinity's run_stage on Ray) lands in a later version. The config is written: {path}. "
+            "Its tasksets run on reinforge's Workflow adapter (reinforge_backend_trinity.workflow.ReinforgeWorkflow: "
+            "your workflow, judges and group reward, imported by reference on Trinity's workers), so meanwhile run "
+            "it yourself on a cluster where reinforge-backend-trinity and your modules are installed: `ray start "
+            f"--head` (or point backend_args.ray_address at a cluster), then `trinity run --config {path}`. Trinity "
+            f"is installed with: {INSTALL_HINT}"
         )

@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 CONFIG_FILE = "trinity_config.yaml"
-# Trinity's workflow class that runs a reinforge workflow (lands with the launch, in a later version).
+# Trinity's workflow class that runs a reinforge workflow, its judges and group reward (see workflow.py).
 ADAPTER_WORKFLOW = "reinforge_backend_trinity.workflow.ReinforgeWorkflow"
 WORKFLOW_ARGS_KEY = "reinforge"
 # the order of the top-level sections in the written YAML (then any others)

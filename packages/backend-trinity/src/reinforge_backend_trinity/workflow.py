@@ -315,7 +315,6 @@ class ReinforgeWorkflow(Workflow):
             for k, v in result.metrics.items()
             if k.startswith("count/")
         }
-        counts[f"{_PREFIX}dropped:sum"] = float(len(group.discarded))
         exps: list[Any] = []
         for t in group.kept:
             recorded = clones[id(t)].extract_experience_from_history()
