@@ -340,11 +340,8 @@ def test_adapter_given_at_start_swaps_away_exactly(model_folder: Any, adapters: 
     base = load_policy(str(model_folder))[0]
     model, swapper = served.engine.model, served.swapper
 
-    def weight(name: str) -> Any:  # what the decoder multiplies by: the packed copy when the plain one is gone
-        module = model.get_submodule(name)
-        if swapper.released is not None and name in swapper.released.held:
-            return _unpacked(swapper.packer.pinned[id(module)], module.weight.shape[1])
-        return module.weight
+    def weight(name: str) -> Any:
+        return _served_weight(swapper, name)
 
     def want(name: str) -> Any:
         return base.get_submodule(name).weight.detach()
@@ -389,6 +386,77 @@ def test_released_weights_serve_packed_and_swap_exactly_from_the_folder(
     swapper.apply({})
     base, _, _ = load_policy(str(model_folder))
     assert torch.equal(_unpacked(packer.pinned[id(q)], 576), base.model.layers[0].self_attn.q_proj.weight.detach())
+
+
+def test_projections_served_stacked_swap_exactly_and_cannot_run_alone(
+    model_folder: Any, adapters: dict[str, Path]
+) -> None:
+    """q/k/v and gate/up are pinned as one stacked weight each; a swap re-stacks them from peft's merge, exactly."""
+    import threading
+
+    import torch
+    from peft import PeftModel
+
+    from reinforge_backend_local import packing
+    from reinforge_backend_local.decoder import LlamaDecoder, projection_groups
+    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.serve.model import AdapterSwapper
+
+    if not packing.available():
+        pytest.skip("oneDNN is not available in this torch build")
+    model, _, _ = load_policy(str(model_folder))
+    model.requires_grad_(False)
+    layers = model.config.num_hidden_layers
+    ids = torch.tensor([[1, 17, 250, 3001, 42, 9]])
+    plain = model(ids).logits[0, -1].detach()
+    packer = packing.Packer()
+    packing.install(model, packer)  # as serve does: the model's own linears run on the packer's weights
+    swapper = AdapterSwapper(model, threading.Lock(), packer)
+    assert swapper.release(model_folder, projection_groups(model)) == 7 * layers
+    assert len(packer.groups) == 2 * layers and len(packer.pinned) == 2 * layers  # o and down alone
+    with pytest.raises(RuntimeError, match="stacked"):  # its packed weight is the group's: no silent zeros
+        model.model.layers[0].self_attn.k_proj(torch.zeros(1, 576))
+    decoder = LlamaDecoder(model, packer)
+    with torch.inference_mode():
+        stacked = decoder.session().prefill([ids[0].tolist()], [0], 1)[0]
+    torch.testing.assert_close(stacked, plain, atol=2e-3, rtol=0)  # the decoder's tolerance to HF
+
+    swapper.apply(swapper.read(adapters["b"])[1])
+    reference, _, _ = load_policy(str(model_folder))
+    merged = PeftModel.from_pretrained(reference, str(adapters["b"])).merge_and_unload()
+    names = [
+        f"model.layers.{i}.{part}"
+        for i in (0, layers - 1)
+        for part in (
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    ]
+    for name in names:
+        assert torch.equal(_served_weight(swapper, name), merged.get_submodule(name).weight.detach()), name
+    swapper.apply({})
+    base, _, _ = load_policy(str(model_folder))
+    for name in names:
+        assert torch.equal(_served_weight(swapper, name), base.get_submodule(name).weight.detach()), name
+
+
+def _served_weight(swapper: Any, name: str) -> Any:
+    """What the decoder multiplies by for module ``name``: its rows of a stacked weight, its packed copy, or its weight."""
+    module = swapper.modules[name]
+    fan_in = module.weight.shape[1]
+    if name in swapper.groups:
+        group = swapper.groups[name]
+        stacked = _unpacked(swapper.packer.group([swapper.modules[n] for n in group]), fan_in)
+        first = sum(swapper.modules[n].weight.shape[0] for n in group[: group.index(name)])
+        return stacked[first : first + module.weight.shape[0]]
+    if swapper.released is not None and name in swapper.released.held:
+        return _unpacked(swapper.packer.pinned[id(module)], fan_in)
+    return module.weight
 
 
 def _unpacked(packed: Any, fan_in: int) -> Any:

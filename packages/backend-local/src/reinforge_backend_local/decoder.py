@@ -59,7 +59,7 @@ def unsupported_reason(model: Any) -> str | None:
 
 @dataclass
 class _Linear:
-    weight: torch.Tensor
+    weight: torch.Tensor | None  # None when only the packed copy exists
     bias: torch.Tensor | None
     lora: list[tuple[torch.Tensor, torch.Tensor, float]]
     packed: torch.Tensor | None = None  # the weight in oneDNN's blocked layout
@@ -68,6 +68,7 @@ class _Linear:
         if self.packed is not None:
             y = packed_linear(x, self.packed, self.bias)
         else:
+            assert self.weight is not None
             y = F.linear(x, self.weight, self.bias)
         for a, b, scale in self.lora:
             y = y.add_(F.linear(F.linear(x, a), b), alpha=scale)
@@ -76,7 +77,7 @@ class _Linear:
 
 def _linear(module: Any, packer: Packer | None) -> _Linear:
     """The module's effective weights right now, with any live LoRA adapter kept as factors."""
-    base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
+    base = _base_layer(module)
     lora: list[tuple[torch.Tensor, torch.Tensor, float]] = []
     if base is not module and not getattr(module, "disable_adapters", False) and not getattr(module, "merged", False):
         for name in module.active_adapters:
@@ -87,16 +88,59 @@ def _linear(module: Any, packer: Packer | None) -> _Linear:
     return _Linear(base.weight, base.bias, lora, packed)
 
 
+def _base_layer(module: Any) -> Any:
+    return module.get_base_layer() if hasattr(module, "get_base_layer") else module
+
+
+@dataclass
+class _Projections:
+    """Linear maps of one input (q, k, v; gate, up): one matmul over their stacked weights when
+    they were pinned as a group (:meth:`Packer.pin_group`), else one each."""
+
+    parts: list[_Linear]
+    sizes: list[int] | None = None  # output widths, when ``parts`` is the one stacked map
+
+    def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.sizes is not None:
+            return self.parts[0](x).split(self.sizes, dim=-1)
+        return tuple(p(x) for p in self.parts)
+
+
+def _projections(modules: tuple[Any, ...], packer: Packer | None) -> _Projections:
+    bases = tuple(_base_layer(m) for m in modules)
+    stacked = packer.group(bases) if packer is not None else None
+    if stacked is None:
+        return _Projections([_linear(m, packer) for m in modules])
+    if any(b is not m for b, m in zip(bases, modules)):  # a LoRA wrapper: the stacked weight cannot carry it
+        raise RuntimeError("projections pinned as a group must be plain linear layers (merge the adapter first)")
+    biases = [b.bias for b in bases]
+    bias = None
+    if any(x is not None for x in biases):
+        bias = torch.cat([x if x is not None else b.weight.new_zeros(b.out_features) for x, b in zip(biases, bases)])
+    return _Projections([_Linear(None, bias, [], stacked)], [b.out_features for b in bases])
+
+
+def projection_groups(model: Any) -> list[tuple[Any, ...]]:
+    """The linear layers that read the same input, per layer: ``(q, k, v)`` and ``(gate, up)``.
+
+    A server pins each group's stacked weight (:meth:`Packer.pin_group`) so a decode step runs
+    four matmuls per layer instead of seven.
+    """
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    groups: list[tuple[Any, ...]] = []
+    for layer in base.model.layers:
+        a, m = layer.self_attn, layer.mlp
+        groups += [(a.q_proj, a.k_proj, a.v_proj), (m.gate_proj, m.up_proj)]
+    return groups
+
+
 @dataclass
 class _Layer:
     ln_in: torch.Tensor
     ln_post: torch.Tensor
-    q: _Linear
-    k: _Linear
-    v: _Linear
+    qkv: _Projections
     o: _Linear
-    gate: _Linear
-    up: _Linear
+    gate_up: _Projections
     down: _Linear
 
 
@@ -175,9 +219,7 @@ class LlamaDecoder:
         """A snapshot of the current weights (merged or not) for one batch."""
         inner = self.base.model
 
-        def lin(module: Any) -> _Linear:
-            return _linear(module, self.packer)
-
+        packer = self.packer
         layers = []
         for layer in inner.layers:
             a, m = layer.self_attn, layer.mlp
@@ -185,11 +227,13 @@ class LlamaDecoder:
                 _Layer(
                     layer.input_layernorm.weight,
                     layer.post_attention_layernorm.weight,
-                    *(lin(x) for x in (a.q_proj, a.k_proj, a.v_proj, a.o_proj)),
-                    *(lin(x) for x in (m.gate_proj, m.up_proj, m.down_proj)),
+                    _projections((a.q_proj, a.k_proj, a.v_proj), packer),
+                    _linear(a.o_proj, packer),
+                    _projections((m.gate_proj, m.up_proj), packer),
+                    _linear(m.down_proj, packer),
                 )
             )
-        head = lin(self.base.lm_head)
+        head = _linear(self.base.lm_head, packer)
         return DecodeSession(self, layers, inner.embed_tokens.weight, inner.norm.weight, head)
 
 
@@ -225,9 +269,19 @@ class DecodeSession:
     # -- the model --------------------------------------------------------------------------
 
     def _forward(
-        self, ids: torch.Tensor, pos: torch.Tensor, cache: KVCache, start: int, mask: torch.Tensor | None
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        cache: KVCache,
+        start: int,
+        mask: torch.Tensor | None,
+        first: int = 0,
     ) -> torch.Tensor:
-        """Run ``ids`` (rows, T) at ``pos``, writing slots ``start:start+T``; the last hidden state per row."""
+        """Run ``ids`` (rows, T) at ``pos``, writing slots ``start:start+T``; the last hidden state per row.
+
+        Attention reads slots ``first:start+T`` (``mask`` covers just those): no row sees a slot
+        before ``first``, so the dead slots in front of a batch whose first rows left are not read.
+        """
         dec = self.dec
         rows, t = ids.shape
         end = start + t
@@ -243,12 +297,13 @@ class DecodeSession:
         causal = mask is None and start == 0 and t > 1
         for i, layer in enumerate(self.layers):
             x = F.rms_norm(h, (dec.hidden,), layer.ln_in, dec.eps)
-            q = layer.q(x).view(rows, t, nh, hd).transpose(1, 2)
-            k = layer.k(x).view(rows, t, kvh, hd).transpose(1, 2)
-            v = layer.v(x).view(rows, t, kvh, hd).transpose(1, 2)
+            q, k, v = layer.qkv(x)
+            q = q.view(rows, t, nh, hd).transpose(1, 2)
+            k = k.view(rows, t, kvh, hd).transpose(1, 2)
+            v = v.view(rows, t, kvh, hd).transpose(1, 2)
             cache.k[i, :, :, start:end] = rope(k)
             cache.v[i, :, :, start:end] = v
-            keys, values = cache.k[i, :, :, :end], cache.v[i, :, :, :end]
+            keys, values = cache.k[i, :, :, first:end], cache.v[i, :, :, first:end]
             if not dec.gqa and kvh != nh:
                 keys = keys.repeat_interleave(nh // kvh, dim=1)
                 values = values.repeat_interleave(nh // kvh, dim=1)
@@ -258,7 +313,8 @@ class DecodeSession:
             )
             h = h + layer.o(o.transpose(1, 2).reshape(rows, t, nh * hd))
             x = F.rms_norm(h, (dec.hidden,), layer.ln_post, dec.eps)
-            h = h + layer.down(F.silu(layer.gate(x)) * layer.up(x))
+            gate, up = layer.gate_up(x)
+            h = h + layer.down(F.silu(gate) * up)
         return F.rms_norm(h[:, -1], (dec.hidden,), self.norm, dec.eps)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
@@ -444,8 +500,9 @@ class DecodeSession:
         rows = tokens.shape[0]
         slot = self.slot
         assert slot < self.cache.slots, "the KV cache is full: compact() before stepping"
-        mask = self.mask[:, None, None, : slot + 1]
-        h = self._forward(tokens.view(rows, 1), self.pos.view(rows, 1), self.cache, slot, mask)
+        first = int(self.start.min()) if self.start is not None else 0
+        mask = self.mask[:, None, None, first : slot + 1]
+        h = self._forward(tokens.view(rows, 1), self.pos.view(rows, 1), self.cache, slot, mask, first)
         self.slot += 1
         self.pos = self.pos + 1
         return self._logits(h)

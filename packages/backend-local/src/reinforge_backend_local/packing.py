@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import types
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -47,18 +48,44 @@ class Packer:
     def __init__(self) -> None:
         self.entries: dict[int, list[tuple[torch.Tensor, int, torch.Tensor]]] = {}
         self.pinned: dict[int, torch.Tensor] = {}  # owners whose plain weight is gone: this is their weight
+        self.groups: dict[tuple[int, ...], torch.Tensor] = {}  # owners served as one matmul: their stacked weight
+        self.grouped: dict[int, tuple[int, ...]] = {}  # owner -> the key of its group
 
     def pin(self, owner: Any, packed: torch.Tensor) -> None:
         """Make ``packed`` the weight of ``owner`` whatever its ``weight`` attribute holds (a server drops those)."""
         self.entries.pop(id(owner), None)  # an entry holds the plain weight: let it go
         self.pinned[id(owner)] = packed
 
+    def pin_group(self, owners: Sequence[Any], packed: torch.Tensor) -> None:
+        """Make ``packed`` (the owners' weights stacked along the output axis) their one weight.
+
+        Projections that read the same input (a layer's q, k and v; gate and up) then run as
+        one matmul: fewer, wider calls, which is most of what a decode step at small batch
+        loses to per-call overhead. Each owner's own packed copy goes, so memory stays one
+        copy of every weight; asking for an owner's weight alone is then an error.
+        """
+        key = tuple(id(o) for o in owners)
+        for o in owners:
+            self.entries.pop(id(o), None)
+            self.pinned.pop(id(o), None)
+            self.grouped[id(o)] = key
+        self.groups[key] = packed
+
+    def group(self, owners: Sequence[Any]) -> torch.Tensor | None:
+        """The stacked packed weight of exactly ``owners`` (in that order), if they were pinned as a group."""
+        return self.groups.get(tuple(id(o) for o in owners))
+
     def packed(self, owner: Any, weight: torch.Tensor) -> torch.Tensor | None:
         """``weight`` (of ``owner``) prepacked, or ``None`` where packing does not apply."""
+        if id(owner) in self.grouped:
+            raise RuntimeError(
+                f"the weight of {type(owner).__name__} {tuple(weight.shape)} is served stacked with others "
+                "(Packer.pin_group): it runs through the decoder's fused projections only"
+            )
         pinned = self.pinned.get(id(owner))
         if pinned is not None:
             return pinned
-        if weight.dtype not in (torch.float32, torch.bfloat16) or not weight.is_cpu or not available():
+        if not packable(weight):
             return None
         versions = self.entries.setdefault(id(owner), [])
         for held, version, packed in versions:
@@ -69,6 +96,11 @@ class Packer:
         versions.append((held, _version(held), packed))
         del versions[:-_KEEP]
         return packed
+
+
+def packable(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` can run prepacked here (a float32 or bfloat16 CPU tensor, oneDNN available)."""
+    return weight.dtype in (torch.float32, torch.bfloat16) and weight.is_cpu and available()
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
