@@ -72,7 +72,9 @@ def run_file(folder: Path, smollm2: Path, name: str, **keys: Any) -> Path:
     return write_run(folder, data)
 
 
-def explore_one_task(path: Path, ray: Any, url: str, *, repeat_times: int = 4) -> tuple[Any, list[Any], Any]:
+def explore_one_task(
+    path: Path, ray: Any, url: str, *, repeat_times: int = 4, run_id_base: int = 0
+) -> tuple[Any, list[Any], Any]:
     """Our mapping's config, validated by Trinity, its first task read by Trinity and run by its WorkflowRunner."""
     from trinity.buffer import get_buffer_reader
     from trinity.common.experience import Experience
@@ -88,7 +90,7 @@ def explore_one_task(path: Path, ray: Any, url: str, *, repeat_times: int = 4) -
         task.batch_id, task.task_id = "7", 0  # what the explorer sets before it hands a task to a runner
         runner = WorkflowRunner(config, rollout_model_id=0, runner_id=0)
         await runner.prepare()
-        status, payload = await runner.run_task(task, batch_id="7", repeat_times=repeat_times, run_id_base=0)
+        status, payload = await runner.run_task(task, batch_id="7", repeat_times=repeat_times, run_id_base=run_id_base)
         return status, payload, task
 
     try:
@@ -166,11 +168,12 @@ def test_two_model_calls_give_two_experiences_per_run(
     tmp_path: Path, smollm2: Path, served_url: str, ray_local: Any, vllm_stand_in: None, tokenizer: Any
 ) -> None:
     path = run_file(tmp_path / "run", smollm2, "two-turns", workflow="adapter_components:two_turns")
-    status, exps, _ = explore_one_task(path, ray_local, served_url, repeat_times=2)
+    # the runs after the first 6 of the task (Trinity's explorer.max_repeat_times_per_runner splits a group so)
+    status, exps, _ = explore_one_task(path, ray_local, served_url, repeat_times=2, run_id_base=6)
 
     assert status.ok, status.message
     runs = by_run(exps)
-    assert sorted(runs) == [0, 1]
+    assert sorted(runs) == [6, 7]
     for first, second in runs.values():
         assert (first.eid.step, second.eid.step) == (0, 1)
         messages = [
