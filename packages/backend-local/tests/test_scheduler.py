@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_decoder import ATOL, _prompt  # the decoder tests' tolerance and prompts
 
-from reinforge_backend_local.decoder import LlamaDecoder
+from reinforge_backend_local.decoder import DecodeSession, LlamaDecoder
 from reinforge_backend_local.engine import Engine, GenRequest
 from reinforge_backend_local.scheduler import Scheduler
 
@@ -113,6 +113,26 @@ def test_a_reused_prefix_gives_the_logits_of_computing_it(policy, poisoned_cache
         other = LlamaDecoder(model).session()  # a prefix the prompts do not start with is not used
         other.prefill([b], [0], 0, prefix=((1, 2, 3, 4, 5), k[:, :, :, :5], v[:, :, :, :5]))
         assert other.prefix_hits == 0
+
+
+def test_one_prompt_is_prefilled_in_one_pass_over_the_weights(policy, monkeypatch):
+    """A request joining alone costs one forward (not a prefix pass and a one-token pass), reused prefix or not."""
+    model, tok = policy
+    a, b = (_prompt(tok, q) for q in ("What is 2 + 3?", "What is 41 + 17?"))
+    passes = []
+    forward = DecodeSession._forward
+    monkeypatch.setattr(
+        DecodeSession, "_forward", lambda self, ids, *rest: passes.append(ids.shape) or forward(self, ids, *rest)
+    )
+    with torch.inference_mode():
+        first = LlamaDecoder(model).session()
+        first.prefill([a], [0], 0)
+        ids, k, v = first.computed_prefix
+        common = len(os.path.commonprefix([a, b]))
+        joined = LlamaDecoder(model).session()
+        joined.prefill([b], [0], 0, prefix=(ids[:common], k[:, :, :, :common], v[:, :, :, :common]))
+    assert passes == [(1, len(a)), (1, len(b) - common)]
+    assert joined.prefix_hits == common and list(joined.computed_prefix[0]) == b[:-1]
 
 
 def _request(prompt, max_tokens=12, **kw):

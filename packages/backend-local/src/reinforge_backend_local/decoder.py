@@ -341,8 +341,11 @@ class DecodeSession:
         dec, dev = self.dec, self.device
         u = len(prompts)
         shortest = min(map(len, prompts))
-        shared = len(os.path.commonprefix(prompts)) if u > 1 else len(prompts[0]) - 1
-        shared = min(shared, shortest - 1)
+        reusable = prefix is not None and len(prefix[0]) < shortest and list(prefix[0]) == prompts[0][: len(prefix[0])]
+        if u == 1:  # one pass over what is not known: a separate prefix pass would read every weight twice
+            shared = len(prefix[0]) if reusable and prefix is not None else 0
+        else:
+            shared = min(len(os.path.commonprefix(prompts)), shortest - 1)
         if shared < MIN_SHARED_PREFIX:
             shared = 0
         suffixes = [p[shared:] for p in prompts]
@@ -373,7 +376,8 @@ class DecodeSession:
                 self._forward(ids, pos, one, known, mask)
             ucache.k[:, :, :, :shared] = one.k
             ucache.v[:, :, :, :shared] = one.v
-            self.computed_prefix = (tuple(prompts[0][:shared]), one.k, one.v)
+            if u > 1:
+                self.computed_prefix = (tuple(prompts[0][:shared]), one.k, one.v)
             del one
         # Distinct suffixes, left-padded to one width; pads attend only to themselves (finite, never seen).
         ids = torch.zeros((u, width), dtype=torch.long)
@@ -390,6 +394,13 @@ class DecodeSession:
         add = torch.zeros(see.shape, dtype=self.dtype, device=dev).masked_fill_(~see, float("-inf")).unsqueeze(1)
         h = self._forward(ids, pos, ucache, shared, add if (shared or not bool(valid.all())) else None)
         logits = self._logits(h)
+        if u == 1:  # all of it but the last token, for the next prefill to start from (a copy: rows move)
+            n_known = len(prompts[0]) - 1
+            self.computed_prefix = (
+                tuple(prompts[0][:n_known]),
+                ucache.k[:, :1, :, :n_known].clone(),
+                ucache.v[:, :1, :, :n_known].clone(),
+            )
         src = torch.tensor(row_src, device=dev)
         if not identity:
             cache.k[:, :, :, :pre] = ucache.k.index_select(1, src)
