@@ -400,7 +400,7 @@ def test_projections_served_stacked_swap_exactly_and_cannot_run_alone(
     from reinforge_backend_local import packing
     from reinforge_backend_local.decoder import LlamaDecoder, projection_groups
     from reinforge_backend_local.modeling import load_policy
-    from reinforge_backend_local.serve.model import AdapterSwapper
+    from reinforge_backend_local.serve.model import AdapterError, AdapterSwapper
 
     if not packing.available():
         pytest.skip("oneDNN is not available in this torch build")
@@ -413,7 +413,12 @@ def test_projections_served_stacked_swap_exactly_and_cannot_run_alone(
     packing.install(model, packer)  # as serve does: the model's own linears run on the packer's weights
     swapper = AdapterSwapper(model, threading.Lock(), packer)
     assert swapper.release(model_folder, projection_groups(model)) == 7 * layers
-    assert len(packer.groups) == 2 * layers and len(packer.pinned) == 2 * layers  # o and down alone
+    assert len(packer.groups) == 2 * layers and len(packer.pinned) == 2 * layers + 1  # o, down; the tied head
+    embedding = model.get_input_embeddings().weight  # read from the file's pages, not a copy in memory
+    assert _mapping_of(embedding.data_ptr()).endswith(str(model_folder / "model.safetensors"))
+    tied = {"lm_head": (torch.zeros(2, 576), torch.zeros(model.lm_head.out_features, 2), 1.0)}
+    with pytest.raises(AdapterError, match="lm_head.*model file"):  # a swap must not write into the file's pages
+        swapper.apply(tied)
     with pytest.raises(RuntimeError, match="stacked"):  # its packed weight is the group's: no silent zeros
         model.model.layers[0].self_attn.k_proj(torch.zeros(1, 576))
     decoder = LlamaDecoder(model, packer)
@@ -443,6 +448,16 @@ def test_projections_served_stacked_swap_exactly_and_cannot_run_alone(
     base, _, _ = load_policy(str(model_folder))
     for name in names:
         assert torch.equal(_served_weight(swapper, name), base.get_submodule(name).weight.detach()), name
+
+
+def _mapping_of(address: int) -> str:
+    """The path of the memory mapping (``/proc/self/maps``) that holds ``address``, or ``''``."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split(maxsplit=5)
+        first, end = (int(x, 16) for x in span.split("-"))
+        if first <= address < end:
+            return rest[-1] if len(rest) == 5 else ""
+    return ""
 
 
 def _served_weight(swapper: Any, name: str) -> Any:
