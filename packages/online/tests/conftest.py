@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -66,3 +67,45 @@ def gateway(tmp_path: Path, upstream: Any, policy: Any, fakes: Any) -> Iterator[
     yield start
     for server in started:
         server.__exit__(None, None, None)
+
+
+# -- the trace store, on SQLite and (in the online_postgres session) on a real PostgreSQL server -----------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "postgres: needs a PostgreSQL server (nox -s online_postgres)")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[Any]:
+    import pg_testlib
+
+    reason = pg_testlib.skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with pg_testlib.server() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(pg_server: Any, request: pytest.FixtureRequest) -> str:
+    """A fresh database on the test server for this test; its URL (the password is ``pg_server.password``)."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    return str(pg_server.create_database(name))
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_spec(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """Where a test's store lives: a SQLite file, or a fresh PostgreSQL database (see :func:`open_store_at`)."""
+    if request.param == "sqlite":
+        return {"kind": "sqlite", "path": str(tmp_path / "t.sqlite")}
+    server = request.getfixturevalue("pg_server")
+    return {"kind": "postgres", "url": request.getfixturevalue("pg_url"), "password": server.password}
+
+
+@pytest.fixture
+def make_store(store_spec: dict[str, Any]) -> Callable[..., Any]:
+    """``make_store(**options)``: a store at ``store_spec`` (again the same data on every call)."""
+    from online_testlib import open_store_at
+
+    return lambda **options: open_store_at(store_spec, **options)

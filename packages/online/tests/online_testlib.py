@@ -336,3 +336,14 @@ def lookup(query: str) -> str:
     """A read-only tool for shadow runs: it answers and remembers that it ran."""
     TOOL_CALLS.append({"query": query})
     return f"found {query}"
+
+
+def open_store_at(spec: dict[str, Any], **options: Any) -> Any:
+    """A trace store at ``spec`` (``{"kind": "sqlite", "path"}`` or ``{"kind": "postgres", "url", "password"}``)."""
+    from reinforge_online.store import TraceStore
+
+    if spec["kind"] == "sqlite":
+        return TraceStore(spec["path"], **options)
+    from reinforge_online.pgstore import PostgresTraceStore
+
+    return PostgresTraceStore(spec["url"], password=spec["password"], **options)

@@ -22,8 +22,8 @@ def reward(store: TraceStore, trace_id: str, value: float) -> Any:
     return store.submit(lambda db: apply_feedback(db, req, value, "first-wins")).result(10)
 
 
-def filled(tmp_path, n: int) -> TraceStore:
-    store = TraceStore(tmp_path / "t.sqlite")
+def filled(make_store, n: int) -> TraceStore:
+    store = make_store()
     for i in range(n):
         store.record(call(i)).result(10)
     return store
@@ -33,8 +33,8 @@ def lines(path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_rewarded_traces_go_out_in_one_batch_and_are_marked_committed(tmp_path):
-    store = filled(tmp_path, 5)
+def test_rewarded_traces_go_out_in_one_batch_and_are_marked_committed(tmp_path, make_store):
+    store = filled(make_store, 5)
     sink = JsonlSink(tmp_path / "out")
     try:
         for i in range(3):
@@ -71,8 +71,8 @@ class FlakySink:
         self.inner.send(batch_id, rows)
 
 
-def test_a_failed_send_is_retried_with_the_same_batch_id(tmp_path):
-    store = filled(tmp_path, 2)
+def test_a_failed_send_is_retried_with_the_same_batch_id(tmp_path, make_store):
+    store = filled(make_store, 2)
     try:
         reward(store, "t0", 1.0)
         sink = FlakySink(tmp_path / "out", fail=1)
@@ -91,8 +91,8 @@ def test_a_failed_send_is_retried_with_the_same_batch_id(tmp_path):
         store.close()
 
 
-def test_a_batch_left_committing_by_a_crash_is_resent_after_a_restart(tmp_path):
-    store = filled(tmp_path, 3)
+def test_a_batch_left_committing_by_a_crash_is_resent_after_a_restart(tmp_path, make_store):
+    store = filled(make_store, 3)
     for i in range(3):
         reward(store, f"t{i}", 1.0)
     sink = FlakySink(tmp_path / "out", fail=1)
@@ -100,7 +100,7 @@ def test_a_batch_left_committing_by_a_crash_is_resent_after_a_restart(tmp_path):
         Committer(store, sink).run_once()
     (stuck,) = sink.seen
     store.close()
-    reopened = TraceStore(tmp_path / "t.sqlite")
+    reopened = make_store()
     try:
         again = FlakySink(tmp_path / "out", fail=0)
         committer = Committer(reopened, again, interval_s=3600).start()  # its first pass sends what is pending
@@ -113,8 +113,8 @@ def test_a_batch_left_committing_by_a_crash_is_resent_after_a_restart(tmp_path):
         reopened.close()
 
 
-def test_the_thread_commits_after_min_traces_and_on_its_interval(tmp_path):
-    store = filled(tmp_path, 4)
+def test_the_thread_commits_after_min_traces_and_on_its_interval(tmp_path, make_store):
+    store = filled(make_store, 4)
     sink = JsonlSink(tmp_path / "out")
     try:
         committer = Committer(store, sink, interval_s=3600, min_traces=2).start()
@@ -158,8 +158,8 @@ def test_committers_not_built_yet_are_config_errors(tmp_path):
         settings("http://127.0.0.1:1/v1", "http://127.0.0.1:2/v1", tmp_path / "t", committer={"kind": "trinity"})
 
 
-def test_stop_never_raises_and_a_stopped_committer_is_quiet(tmp_path):
-    store = filled(tmp_path, 1)
+def test_stop_never_raises_and_a_stopped_committer_is_quiet(tmp_path, make_store):
+    store = filled(make_store, 1)
     try:
         committer = Committer(store, JsonlSink(tmp_path / "out"), interval_s=3600)
         assert committer.stop()  # never started

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sqlite3
 import tempfile
 import threading
 import time
@@ -61,15 +60,20 @@ class JsonlSink:
             raise
 
 
-def _claim(db: sqlite3.Connection, max_traces: int) -> str | None:
-    """In the writer's transaction: a new batch of rewarded traces, or None when there are none."""
+def _claim(db: Any, store: TraceStore, max_traces: int) -> str | None:
+    """In the writer's transaction: a new batch of rewarded traces, or None when there are none.
+
+    Replicas on one PostgreSQL database skip the rows another one's claim holds (``store.for_update``).
+    """
     rows = db.execute(
-        "SELECT trace_id FROM traces WHERE status = 'rewarded' AND batch_id IS NULL ORDER BY created_at, rowid LIMIT ?",
+        "SELECT trace_id FROM traces WHERE status = 'rewarded' AND batch_id IS NULL ORDER BY created_at, rowid LIMIT ?"
+        + store.for_update,
         (max_traces,),
     ).fetchall()
     if not rows:
         return None
     batch_id = uuid.uuid4().hex
+    store.lock_batch(db, batch_id)  # new: nobody else can hold it
     db.execute(
         "INSERT INTO batches (batch_id, state, created_at, traces, target) VALUES (?, 'committing', ?, ?, 'sink')",
         (batch_id, time.time(), len(rows)),
@@ -80,18 +84,28 @@ def _claim(db: sqlite3.Connection, max_traces: int) -> str | None:
     return batch_id
 
 
-def _done(db: sqlite3.Connection, batch_id: str) -> None:
+def _done(db: Any, batch_id: str) -> None:
     db.execute("UPDATE batches SET state = 'committed' WHERE batch_id = ?", (batch_id,))
     db.execute("UPDATE traces SET status = 'committed' WHERE batch_id = ?", (batch_id,))
 
 
-def _waiting(db: sqlite3.Connection) -> int:
+def _waiting(db: Any) -> int:
     row = db.execute("SELECT COUNT(*) FROM traces WHERE status = 'rewarded' AND batch_id IS NULL").fetchone()
     return int(row[0])
 
 
-def _pending(db: sqlite3.Connection) -> list[str]:
-    return [r[0] for r in db.execute("SELECT batch_id FROM batches WHERE state = 'committing' ORDER BY created_at")]
+def _pending(db: Any, store: TraceStore) -> list[str]:
+    """The batches left ``committing`` that no other replica is sending (locked first, then checked again)."""
+    found = [r[0] for r in db.execute("SELECT batch_id FROM batches WHERE state = 'committing' ORDER BY created_at")]
+    mine = []
+    for batch_id in found:
+        if store.lock_batch(db, batch_id):
+            row = db.execute("SELECT state FROM batches WHERE batch_id = ?", (batch_id,)).fetchone()
+            if row is not None and row[0] == "committing":  # not committed by its sender meanwhile
+                mine.append(batch_id)
+            else:
+                store.release_batch(batch_id)
+    return mine
 
 
 def batch_rows(store: TraceStore, batch_id: str) -> list[dict[str, Any]]:
@@ -164,11 +178,11 @@ class Committer:
         :raises Exception: what the store or the sink raised (the batch stays ``committing``).
         """
         done = []
-        for batch_id in self.store.submit(_pending).result():
+        for batch_id in self.store.submit(lambda db: _pending(db, self.store)).result():
             self._send(batch_id)
             done.append(batch_id)
         while True:
-            batch_id = self.store.submit(lambda db: _claim(db, self.max_traces)).result()
+            batch_id = self.store.submit(lambda db: _claim(db, self.store, self.max_traces)).result()
             if batch_id is None:
                 return done
             with self._lock:
@@ -184,6 +198,7 @@ class Committer:
             self._on_failure(batch_id)
             raise
         self.store.submit(lambda db: _done(db, batch_id)).result()
+        self.store.release_batch(batch_id)  # after the commit: another replica never sees it unlocked yet committing
         with self._lock:
             self.committed.append(batch_id)
             self._lock.notify_all()
@@ -191,7 +206,7 @@ class Committer:
 
     def _resume(self) -> None:
         """At start: resend the batches a crash left ``committing``; count the rewarded traces waiting."""
-        for batch_id in self.store.submit(_pending).result():
+        for batch_id in self.store.submit(lambda db: _pending(db, self.store)).result():
             self._send(batch_id)
         self.rewarded(self.store.submit(_waiting).result())
 

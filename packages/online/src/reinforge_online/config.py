@@ -12,6 +12,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from reinforge.plugin import (
     ComponentSpec,
@@ -136,9 +137,11 @@ class SelectionSettings(Settings):
 
 @dataclass
 class StoreSettings(Settings):
-    """The trace store: a SQLite file (WAL) and its writer thread's queue."""
+    """The trace store: a SQLite file (WAL), or a PostgreSQL database (``url``), and its writer thread's queue."""
 
     path: str = "traces.sqlite"
+    url: str | None = None  # postgresql://user@host:port/dbname: several replicas share it (needs [postgres])
+    password_env: str | None = None  # the environment variable holding the database password (never the file)
     queue_size: int = 10000
     batch_max: int = 512
     busy_timeout_ms: int = 1000
@@ -154,6 +157,16 @@ class StoreSettings(Settings):
         at_least("max_calls_per_trace", self.max_calls_per_trace, 1)
         if not self.path.strip():
             raise FieldError("path", "must not be empty")
+        if self.url is not None:
+            parts = urlsplit(self.url)
+            if parts.scheme not in ("postgresql", "postgres"):
+                raise FieldError(
+                    "url", f"expected a postgresql://user@host:port/dbname URL, got scheme {parts.scheme!r}"
+                )
+            if parts.password is not None:
+                raise FieldError("url", "must not hold a password: name its environment variable in store.password_env")
+        elif self.password_env is not None:
+            raise FieldError("password_env", "is only for a PostgreSQL store (store.url)")
         at_least("queue_size", self.queue_size, 1)
         at_least("batch_max", self.batch_max, 1)
         at_least("busy_timeout_ms", self.busy_timeout_ms, 0)
@@ -384,7 +397,7 @@ def load_config(path: str | Path, *, dev: bool = False) -> OnlineSettings:
         data = {**data, "dev": True}
     settings = load_settings(OnlineSettings, data, where=where)
     settings.base_dir = str(file.parent.resolve())
-    for part in (settings.store, settings.committer):
+    for part in (settings.store, settings.committer):  # store.path unused (and harmless) with store.url
         where_to = Path(part.path).expanduser()
         if not where_to.is_absolute():
             part.path = str((file.parent / where_to).resolve())

@@ -22,7 +22,7 @@ from .metrics import Metrics
 from .redact import Redactor, resolve_redactor
 from .rewards import RewardCalculator, build_composer
 from .selection import Selection, SelectionRequest, build_selection, session_of
-from .store import CallRecord, StoreUnavailable, TraceClosed, TraceStore
+from .store import CallRecord, StoreUnavailable, TraceClosed, TraceStore, open_store
 
 __all__ = ["Pipeline", "task_of"]
 
@@ -64,18 +64,8 @@ class Pipeline:
         if composer is None and settings.reward is not None:  # judges first: a bad one fails before any thread starts
             composer = build_composer(settings.reward, where=where, base_dir=settings.base_dir)
             self._judges = [slot.fn for slot in composer.judges]  # built here: closed in close()
-        s = settings.store
-        self.store = store or TraceStore(
-            s.path,
-            queue_size=s.queue_size,
-            batch_max=s.batch_max,
-            busy_timeout_ms=s.busy_timeout_ms,
-            probe_interval_s=s.probe_interval_s,
-            ttl_s=s.ttl_s,
-            sweep_interval_s=s.sweep_interval_s,
-            max_calls_per_trace=s.max_calls_per_trace,
-            on_error=self._store_error,
-            on_health=self._store_health,
+        self.store = store or open_store(
+            settings.store, where, on_error=self._store_error, on_health=self._store_health
         )
         self._policy_failures = 0
         self._policy_paused_until = 0.0

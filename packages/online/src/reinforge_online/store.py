@@ -25,9 +25,12 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-__all__ = ["SCHEMA_VERSION", "CallRecord", "StoreUnavailable", "TraceClosed", "TraceStore"]
+if TYPE_CHECKING:
+    from .config import StoreSettings
+
+__all__ = ["SCHEMA_VERSION", "CallRecord", "StoreUnavailable", "TraceClosed", "TraceStore", "open_store"]
 
 SCHEMA_VERSION = 1
 T = TypeVar("T")
@@ -36,19 +39,19 @@ Write = Callable[[sqlite3.Connection], Any]
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS traces (
-    trace_id TEXT PRIMARY KEY,
+    {rowid}trace_id TEXT PRIMARY KEY,
     session_id TEXT,
     route TEXT NOT NULL,
     mode TEXT NOT NULL,
-    created_at REAL NOT NULL,
+    created_at {real} NOT NULL,
     status TEXT NOT NULL DEFAULT 'open',
     batch_id TEXT,
     data TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS calls (
-    call_id TEXT PRIMARY KEY,
+    {rowid}call_id TEXT PRIMARY KEY,
     trace_id TEXT NOT NULL REFERENCES traces(trace_id),
-    created_at REAL NOT NULL,
+    created_at {real} NOT NULL,
     policy_version TEXT,
     request TEXT NOT NULL,
     response TEXT NOT NULL,
@@ -60,26 +63,39 @@ CREATE TABLE IF NOT EXISTS calls (
 CREATE INDEX IF NOT EXISTS calls_by_trace ON calls(trace_id);
 CREATE TABLE IF NOT EXISTS rewards (
     trace_id TEXT PRIMARY KEY REFERENCES traces(trace_id),
-    reward REAL NOT NULL,
+    reward {real} NOT NULL,
     source TEXT NOT NULL,
-    created_at REAL NOT NULL
+    created_at {real} NOT NULL
 );
 CREATE TABLE IF NOT EXISTS feedback (
     trace_id TEXT NOT NULL,
     idempotency_key TEXT NOT NULL,
     status INTEGER NOT NULL,
     body TEXT NOT NULL,
-    created_at REAL NOT NULL,
+    created_at {real} NOT NULL,
     PRIMARY KEY (trace_id, idempotency_key)
 );
 CREATE TABLE IF NOT EXISTS batches (
     batch_id TEXT PRIMARY KEY,
     state TEXT NOT NULL,
-    created_at REAL NOT NULL,
+    created_at {real} NOT NULL,
     traces INTEGER NOT NULL,
     target TEXT
 );
 """
+
+
+def schema(*, real: str = "REAL", rowid: str = "") -> list[str]:
+    """The schema's statements for one database: ``real`` is its 64-bit float type, ``rowid`` the column
+    definition (with its comma) that numbers traces and calls in insertion order where it has no ``rowid``.
+    """
+    text = _SCHEMA.replace("{real}", real).replace("{rowid}", rowid)  # not format(): the SQL has braces
+    return [statement.strip() for statement in text.split(";") if statement.strip()]
+
+
+PROBE_SQL = (
+    "INSERT INTO meta (key, value) VALUES ('last_probe', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
+)
 
 
 class TraceClosed(Exception):
@@ -193,18 +209,24 @@ def connect(path: str, busy_timeout_ms: int = 1000) -> sqlite3.Connection:
     return db
 
 
-def _migrate(db: sqlite3.Connection, path: str) -> None:
-    db.execute("BEGIN IMMEDIATE")
+def migrate(db: Any, where: str, statements: list[str], begin: str = "BEGIN IMMEDIATE") -> None:
+    """Create the tables if missing and record (or check) the schema version, in one transaction.
+
+    ``begin`` starts it (statements separated by ``;``: it may take a lock, so that replicas starting
+    together do not race).
+    """
+    for sql in begin.split(";"):
+        if sql.strip():
+            db.execute(sql)
     try:
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                db.execute(statement)
+        for statement in statements:
+            db.execute(statement)
         row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         if row is None:
             db.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
         elif int(row[0]) > SCHEMA_VERSION:
             raise sqlite3.DatabaseError(
-                f"{path}: schema version {row[0]} is newer than this reinforge-online's ({SCHEMA_VERSION})"
+                f"{where}: schema version {row[0]} is newer than this reinforge-online's ({SCHEMA_VERSION})"
             )
         db.execute("COMMIT")
     except BaseException:
@@ -223,6 +245,10 @@ _STOP = object()
 
 class TraceStore:
     """Durable traces in one SQLite file; writes go through :meth:`submit` (see the module docstring).
+
+    The writer and the reads are the same for every database; a subclass for another one
+    (:class:`~reinforge_online.pgstore.PostgresTraceStore`) changes only how it connects, how a
+    transaction begins, which errors are the database's own, and how batches are locked.
 
     :param on_error: called with ``"queue_full"`` or ``"write_failed"`` whenever a write is dropped
         (the gateway counts them in its metrics).
@@ -243,6 +269,55 @@ class TraceStore:
         on_health: Callable[[bool], None] | None = None,
     ) -> None:
         self.path = str(path)
+        self._init(
+            queue_size=queue_size,
+            batch_max=batch_max,
+            busy_timeout_ms=busy_timeout_ms,
+            probe_interval_s=probe_interval_s,
+            ttl_s=ttl_s,
+            sweep_interval_s=sweep_interval_s,
+            max_calls_per_trace=max_calls_per_trace,
+            on_error=on_error,
+            on_health=on_health,
+        )
+
+    # what differs between databases ----------------------------------------------------------------
+    begin = "BEGIN IMMEDIATE"  # takes the write lock up front: no deadlock between two writers
+    database_errors: tuple[type[BaseException], ...] = (sqlite3.OperationalError,)  # the group fails, not the write
+    for_update = ""  # appended to the committer's claim: SQLite's writer lock already serializes claims
+
+    def _connect(self) -> tuple[Any, Any]:
+        """The writer's connection (schema in place) and the readers'."""
+        db = connect(self.path, self.busy_timeout_ms)
+        migrate(db, self.path, schema())
+        return db, connect(self.path, self.busy_timeout_ms)
+
+    def _in_transaction(self, db: Any) -> bool:
+        return bool(db.in_transaction)
+
+    def _reconnect(self) -> None:
+        """Before a probe: a connection the database dropped is opened again (SQLite's never drops)."""
+
+    def lock_batch(self, db: Any, batch_id: str) -> bool:
+        """In the writer's transaction: whether this store may send ``batch_id`` (no other replica is sending it)."""
+        return True
+
+    def release_batch(self, batch_id: str) -> None:
+        """After a batch is committed: let other replicas see it is nobody's (a no-op for one SQLite file)."""
+
+    def _init(
+        self,
+        *,
+        queue_size: int,
+        batch_max: int,
+        busy_timeout_ms: int,
+        probe_interval_s: float,
+        ttl_s: float | None,
+        sweep_interval_s: float,
+        max_calls_per_trace: int,
+        on_error: Callable[[str], None] | None,
+        on_health: Callable[[bool], None] | None,
+    ) -> None:
         self.batch_max = batch_max
         self.probe_interval_s = probe_interval_s
         self.ttl_s = ttl_s
@@ -258,9 +333,7 @@ class TraceStore:
         self._health = threading.Condition()
         self._closed = False
         self.commits = 0  # transactions committed (group commit: many writes each)
-        self._db = connect(self.path, busy_timeout_ms)
-        _migrate(self._db, self.path)
-        self._reader = connect(self.path, busy_timeout_ms)
+        self._db, self._reader = self._connect()
         self._read_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="reinforge-online-store", daemon=True)
         self._thread.start()
@@ -373,14 +446,14 @@ class TraceStore:
         db = self._db
         results: list[tuple[bool, Any]] = []
         try:
-            db.execute("BEGIN IMMEDIATE")
+            db.execute(self.begin)
             try:
                 for item in items:
                     db.execute("SAVEPOINT one")
                     try:
                         results.append((True, item.write(db)))
                         db.execute("RELEASE one")
-                    except sqlite3.OperationalError:
+                    except self.database_errors:
                         raise  # the database's problem, not this write's: the group fails
                     except Exception as exc:  # noqa: BLE001 - this write's own failure, handed to its caller
                         db.execute("ROLLBACK TO one")
@@ -388,7 +461,7 @@ class TraceStore:
                         results.append((False, exc))
                 db.execute("COMMIT")
             except BaseException:
-                if db.in_transaction:
+                if self._in_transaction(db):
                     db.execute("ROLLBACK")
                 raise
             self.commits += 1
@@ -409,14 +482,13 @@ class TraceStore:
         if self._closed:
             return
         try:
-            self._db.execute("BEGIN IMMEDIATE")
+            self._reconnect()
+            self._db.execute(self.begin)
             try:
-                self._db.execute(
-                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('last_probe', ?)", (str(time.time()),)
-                )
+                self._db.execute(PROBE_SQL, (str(time.time()),))
                 self._db.execute("COMMIT")
             except BaseException:
-                if self._db.in_transaction:
+                if self._in_transaction(self._db):
                     self._db.execute("ROLLBACK")
                 raise
         except Exception:  # noqa: BLE001 - still unhealthy; the next probe tries again
@@ -515,3 +587,30 @@ class TraceStore:
         if table not in ("traces", "calls", "rewards", "feedback", "batches"):
             raise ValueError(f"not a table of the trace store: {table!r}")
         return int(self._read(f"SELECT COUNT(*) FROM {table}")[0][0])  # a checked table name
+
+
+def open_store(
+    s: StoreSettings,
+    where: str,
+    *,
+    on_error: Callable[[str], None] | None = None,
+    on_health: Callable[[bool], None] | None = None,
+) -> TraceStore:
+    """The store ``online.yaml``'s ``store`` section names: PostgreSQL when ``url`` is set, else the SQLite file."""
+    common: dict[str, Any] = {
+        "queue_size": s.queue_size,
+        "batch_max": s.batch_max,
+        "busy_timeout_ms": s.busy_timeout_ms,
+        "probe_interval_s": s.probe_interval_s,
+        "ttl_s": s.ttl_s,
+        "sweep_interval_s": s.sweep_interval_s,
+        "max_calls_per_trace": s.max_calls_per_trace,
+        "on_error": on_error,
+        "on_health": on_health,
+    }
+    if s.url is None:
+        return TraceStore(s.path, **common)
+    from .pgstore import PostgresTraceStore, password_from_env
+
+    password = password_from_env(s.password_env, where)
+    return PostgresTraceStore(s.url, password=password, **common)
