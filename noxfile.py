@@ -286,6 +286,35 @@ def agentscope(session: nox.Session) -> None:
     session.run("python", str(runner), *AGENTSCOPE_TESTS, *session.posargs, env=env)
 
 
+# -- online_postgres ---------------------------------------------------------------------------------------------
+
+
+@nox.session(python=TORCH_PYTHON, venv_backend=BACKEND, default=False)
+def online_postgres(session: nox.Session) -> None:
+    """reinforge-online's PostgreSQL store against a real server (Debian's ``postgresql``, a throwaway cluster).
+
+    Installs Debian's package first when its binaries are missing (needs root and apt-get; else it says what to
+    run); the tests start their own cluster on 127.0.0.1 in a temporary folder and run only the ``postgres`` ones.
+    """
+    import glob
+
+    if not glob.glob("/usr/lib/postgresql/*/bin/initdb"):
+        if os.geteuid() != 0 or not shutil.which("apt-get"):
+            session.error("PostgreSQL's binaries are missing: run `apt-get install -y postgresql` (as root) first")
+        env = {"DEBIAN_FRONTEND": "noninteractive"}
+        session.run("apt-get", "update", "-q", external=True, env=env)
+        session.run("apt-get", "install", "-y", "-q", "postgresql", external=True, env=env)
+    pkg = PACKAGES_BY_DIR["online"]
+    args = ["-e", _core().spec(("testing",)), "-e", pkg.spec(("testing", "postgres"))]
+    if session.venv_backend == "uv":
+        args += ["--reinstall-package", _core().dist, "--reinstall-package", pkg.dist]
+    _install(session, *args, *_group("test"))
+    runner = _script(session, "run_pytest.py", _PYTEST_RUNNER)
+    session.chdir(pkg.path)
+    env = {**TEST_ENV, "REINFORGE_NOX_PACKAGE": f"{pkg.dist}[postgres]", "REINFORGE_ONLINE_POSTGRES": "1"}
+    session.run("python", str(runner), "tests", "-m", "postgres", *session.posargs, env=env)
+
+
 # -- lint --------------------------------------------------------------------------------------------------------
 
 

@@ -57,6 +57,15 @@ def test_good_config_and_its_defaults(tmp_path):
         (GOOD.replace("traffic_key_env: T_KEY, ", ""), r"auth.traffic_key_env: is required unless dev"),
         (GOOD.replace('policy: {url: "http://127.0.0.1:8/v1"}', ""), r"policy: route mode needs policy.url"),
         (GOOD + "listen: {port: 70000}\n", r"listen.port"),
+        (
+            GOOD.replace("store: {path: traces.sqlite}", "store: {url: 'postgresql://u:pw@127.0.0.1/db'}"),
+            r"store.url: must not hold a password: name its environment variable in store.password_env",
+        ),
+        (
+            GOOD.replace("store: {path: traces.sqlite}", "store: {url: 'mysql://u@h/db'}"),
+            r"store.url: expected a postgr",
+        ),
+        (GOOD.replace("store: {path: traces.sqlite}", "store: {password_env: PW}"), r"store.password_env: is only for"),
         ("upstream: [1]\n", r"upstream"),
         ("{", r"not valid YAML"),
     ],
@@ -65,6 +74,15 @@ def test_bad_configs_name_the_file_and_key(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message) as info:
         load_config(write(tmp_path, text))
     assert "online.yaml" in str(info.value)
+
+
+def test_store_url_selects_postgres_and_names_the_password_variable(tmp_path):
+    text = GOOD.replace(
+        "store: {path: traces.sqlite}", "store: {url: 'postgresql://u@127.0.0.1:5/db', password_env: PW}"
+    )
+    s = load_config(write(tmp_path, text))
+    assert (s.store.url, s.store.password_env) == ("postgresql://u@127.0.0.1:5/db", "PW")
+    assert load_config(write(tmp_path, GOOD)).store.url is None  # SQLite unless a URL is given
 
 
 def test_dev_allows_anonymous_and_record_needs_no_policy(tmp_path):
@@ -85,3 +103,13 @@ def test_secrets_come_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("A_KEY", "t")
     with pytest.raises(ConfigError, match="the admin key must differ"):
         resolve_secrets(s)
+
+
+def test_a_postgres_store_without_psycopg_names_the_extra(monkeypatch):
+    import sys
+
+    from reinforge_online.pgstore import PostgresTraceStore
+
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the [postgres] extra were not installed
+    with pytest.raises(ConfigError, match=r"store.url: .*pip install 'reinforge-online\[postgres\]'"):
+        PostgresTraceStore("postgresql://u@127.0.0.1:1/db")
