@@ -15,7 +15,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,12 @@ class Server:
     host: str
     port: int
     password: str
+    pg_ctl: Callable[..., None]
+
+    def crash_and_restart(self) -> None:
+        """Stop the server the way a crash does (``-m immediate``: no checkpoint), then start it: it recovers from WAL."""
+        self.pg_ctl("-m", "immediate", "-w", "stop")
+        self.pg_ctl("-w", "-t", "60", "start")
 
     def url(self, dbname: str = "postgres") -> str:
         return f"postgresql://{USER}@{self.host}:{self.port}/{dbname}"
@@ -93,10 +99,14 @@ def server() -> Iterator[Server]:
     run(str(bindir / "initdb"), "-D", str(data), "-U", USER, "--pwfile", str(pwfile), "--auth", "scram-sha-256",
         "-E", "UTF8", "--no-sync")  # fmt: skip
     options = f"-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={root} -c max_connections=100"
-    run(str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), "-w", "-t", "60", "start")
+
+    def pg_ctl(*args: str) -> None:
+        run(str(bindir / "pg_ctl"), "-D", str(data), "-o", options, "-l", str(root / "log"), *args)
+
+    pg_ctl("-w", "-t", "60", "start")
     try:
-        yield Server("127.0.0.1", port, password)
+        yield Server("127.0.0.1", port, password, pg_ctl)
     finally:
         with contextlib.suppress(Exception):
-            run(str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop")
+            pg_ctl("-m", "immediate", "-w", "stop")
         shutil.rmtree(root, ignore_errors=True)

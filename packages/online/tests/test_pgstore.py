@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -47,6 +48,17 @@ class RecordingSink:
             raise OSError("the backend is down")
         with self.lock:
             self.seen.append((batch_id, [r["trace_id"] for r in rows]))
+
+
+def wait_gone(pg_server: Any, pid: int, timeout: float = 30.0) -> bool:
+    """Wait until the server's backend ``pid`` has exited (a closed session ends on the server a little later)."""
+    deadline = time.monotonic() + timeout
+    with pg_server.connect() as admin:
+        while time.monotonic() < deadline:
+            if admin.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()[0] == 0:
+                return True
+            time.sleep(0.01)  # polling the condition, not waiting for a guessed time
+    return False
 
 
 def test_two_replicas_never_claim_or_send_the_same_trace(pg_server, pg_url):
@@ -111,7 +123,9 @@ def test_a_batch_being_sent_is_left_alone_and_resent_once_its_replica_is_gone(pg
         (stuck,) = [bid for bid in [b.trace("t5")["batch_id"]] if bid]
         assert b.batch_state(stuck) == "committing"
         assert Committer(b, sink_b).run_once() == []  # a is alive and will retry it itself
-        assert a.close()  # a replica gone: its session, and its locks, with it
+        (writer_pid,) = a._db.execute("SELECT pg_backend_pid()").fetchone()
+        assert a.close()  # a replica gone: its session, and its locks, with it ...
+        assert wait_gone(pg_server, writer_pid)  # ... once the server has ended that session
         assert Committer(b, sink_b).run_once() == [stuck]  # resent with the same id, once
         assert seen[-1] == (stuck, ["t5"]) and len(seen) == 2
         assert b.batch_state(stuck) == "committed"
@@ -161,6 +175,24 @@ def test_a_lost_connection_fails_the_group_then_the_probe_reconnects(pg_server, 
         assert store.wait_healthy(True, timeout=10)  # a new session
         store.record(call(3)).result(10)
         assert store.trace_ids() == ["t1", "t3"]
+    finally:
+        store.close()
+
+
+def test_acknowledged_traces_survive_a_crash_of_the_server(pg_server, pg_url):
+    from reinforge_online.store import StoreUnavailable
+
+    store = pg_store(pg_server, pg_url, probe_interval_s=0.05)
+    try:
+        for i in range(30):
+            store.record(call(i)).result(10)  # acknowledged: committed
+        pg_server.crash_and_restart()
+        with pytest.raises(StoreUnavailable, match="could not commit"):
+            store.record(call(30)).result(10)  # the session died with the server: this group is lost, counted
+        assert store.wait_healthy(True, timeout=30)  # the probe's new session
+        assert store.trace_ids() == [f"t{i}" for i in range(30)]  # the reader reconnects too
+        assert store.trace("t29")["calls"][0]["token_ids"] == [29]
+        store.record(call(31)).result(10)
     finally:
         store.close()
 

@@ -169,10 +169,19 @@ class PostgresTraceStore(TraceStore):
             self._db = self._open()
 
     def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        """A read, once more on a new session when the old one was lost (a read is safe to repeat)."""
         with self._read_lock:
-            if not self._reader.usable:
-                self._reader = self._open()
-            return list(self._reader.execute(sql, args).fetchall())
+            try:
+                return self._fetch(sql, args)
+            except self.database_errors:
+                if self._reader.usable:
+                    raise  # the query's problem, not the session's
+            return self._fetch(sql, args)
+
+    def _fetch(self, sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        if not self._reader.usable:
+            self._reader = self._open()
+        return list(self._reader.execute(sql, args).fetchall())
 
     def lock_batch(self, db: Any, batch_id: str) -> bool:
         if batch_id in self._held:
