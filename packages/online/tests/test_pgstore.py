@@ -235,3 +235,17 @@ def test_a_gateway_records_into_postgres_from_store_url(pg_server, pg_url, tmp_p
 
     with pytest.raises(ConfigError, match="online.yaml: store.password_env: the environment variable PG_PW is not set"):
         Pipeline(s, SECRETS, where=str(config))
+
+
+def test_the_python_api_takes_a_postgres_url(pg_server, pg_url, tmp_path, monkeypatch):
+    from reinforge_online import OnlineTrainer
+    from reinforge_online.pgstore import PostgresTraceStore
+
+    monkeypatch.setenv("PGPASSWORD", pg_server.password)  # libpq's own variable
+    trainer = OnlineTrainer(backend="none", store=pg_url, batches=tmp_path / "batches").start()
+    try:
+        assert isinstance(trainer.store, PostgresTraceStore)
+        trainer.store.record(call(1)).result(10)
+        assert trainer.store.trace_ids() == ["t1"]
+    finally:
+        assert trainer.stop()

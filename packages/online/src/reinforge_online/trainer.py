@@ -78,6 +78,8 @@ class OnlineTrainer:
         only come from :meth:`feedback`.
     :param commit_interval_s: commit this often (and as soon as ``min_traces`` traces have a reward).
     :param reward_range: ``(low, high)``; rewards outside it are clamped (judges' and feedback's).
+    :param store: the SQLite file, or a ``postgresql://user@host:port/dbname`` URL (the ``[postgres]`` extra;
+        its password from libpq's ``PGPASSWORD`` or ``.pgpass``, never in the URL).
     :param settings: a whole ``online.yaml``'s settings instead (:meth:`from_config`); the keywords above
         are then ignored.
     """
@@ -117,8 +119,12 @@ class OnlineTrainer:
                 raise ConfigError(f"OnlineTrainer(): backend: expected one of {', '.join(_BACKENDS)}, got {backend!r}")
             else:
                 kind = backend
-            store_path = Path(store).expanduser().resolve()
-            store_path.parent.mkdir(parents=True, exist_ok=True)
+            if str(store).startswith(("postgresql://", "postgres://")):
+                store_settings: dict[str, Any] = {"url": str(store)}  # password: libpq's PGPASSWORD or .pgpass
+            else:
+                store_path = Path(store).expanduser().resolve()
+                store_path.parent.mkdir(parents=True, exist_ok=True)
+                store_settings = {"path": str(store_path)}
             low, high = reward_range
             rewards = _reward_settings(
                 reward,
@@ -132,7 +138,7 @@ class OnlineTrainer:
                 "upstream": {"url": _IN_PROCESS},
                 "policy": {"url": _IN_PROCESS},
                 "dev": True,
-                "store": {"path": str(store_path)},
+                "store": store_settings,
                 "feedback": {"conflict": feedback_conflict, "reward_min": low, "reward_max": high},
                 "committer": {
                     "kind": kind,
