@@ -87,6 +87,38 @@ def test_rows_joining_mid_decode_match_each_row_decoded_alone(policy, poisoned_c
             torch.testing.assert_close(row, ref[name][k], atol=ATOL, rtol=0, msg=f"row {name}, token {k}")
 
 
+def test_rows_admitted_within_a_step_match_each_row_decoded_alone(policy, poisoned_caches):
+    """One pass steps A and prefills B and C (a reused prefix, different lengths); then all step together."""
+    model, tok = policy
+    a = _prompt(tok, "Please add these two numbers for me and explain: 1234 + 5678?")
+    b, c = _prompt(tok, "What is 41 + 17?"), _prompt(tok, "Add 100 and 250, please, and say why.")
+    feeds = {name: [1000 + 53 * i + 7 * k for k in range(8)] for i, name in enumerate("abc")}
+    with torch.inference_mode():
+        ref = {n: _alone(model, p, feeds[n]) for n, p in zip("abc", (a, b, c))}
+        session = LlamaDecoder(model).session()
+        got = {"a": [session.prefill([a], [0], 12, row_capacity=4)[0]]}
+        session.step(torch.tensor([feeds["a"][0]]))  # A is one token in
+        got["a"].append(ref["a"][1])
+        ids, k, v = session.computed_prefix
+        common = len(os.path.commonprefix([a, b, c]))
+        prefix = (ids[:common], k[:, :, :, :common], v[:, :, :, :common])
+        assert session.can_admit([b, c], common, 8)
+        assert not session.can_admit([b, c + [5] * session.slot], common, 8)  # would start before slot 0
+        logits = session.step_admitting(torch.tensor([feeds["a"][1]]), [b, c], prefix)
+        assert session.prefix_hits == common and list(session.computed_prefix[0]) == c[:-1]
+        got["a"].append(logits[0])
+        got["b"], got["c"] = [logits[1]], [logits[2]]
+        done = {"a": 2, "b": 0, "c": 0}
+        for _ in range(4):
+            feed = torch.tensor([feeds[n][done[n]] for n in "abc"])
+            for n, row in zip("abc", session.step(feed)):
+                done[n] += 1
+                got[n].append(row)
+    for name in "abc":
+        for i, row in enumerate(got[name]):
+            torch.testing.assert_close(row, ref[name][i], atol=ATOL, rtol=0, msg=f"row {name}, token {i}")
+
+
 def test_a_reused_prefix_gives_the_logits_of_computing_it(policy, poisoned_caches):
     """The shared part of an earlier prefill (its keys and values) stands in for computing it again."""
     model, tok = policy

@@ -447,15 +447,21 @@ class DecodeSession:
             return
         self._relayout([self, other], capacity, row_capacity)
 
-    def compact(self, capacity: int, row_capacity: int) -> None:
-        """Lay the batch out anew so every row can take ``capacity`` more tokens: rows right-aligned, no dead slots."""
-        self._relayout([self], capacity, row_capacity)
+    def compact(self, capacity: int, row_capacity: int, *, end_at: int = 0, more_rows: int = 0) -> None:
+        """Lay the batch out anew so every row can take ``capacity`` more tokens: rows right-aligned, no dead slots.
+
+        ``end_at``: the sequences end at this slot at least (so a longer prompt fits in front of it);
+        ``more_rows``: room for that many rows more (see :meth:`step_admitting`).
+        """
+        self._relayout([self], capacity, row_capacity, end_at=end_at, more_rows=more_rows)
 
     def fits(self, capacity: int) -> bool:
         """Whether every row can take ``capacity`` more tokens without a new layout."""
         return self.cache is not None and self.slot + capacity <= self.cache.slots
 
-    def _relayout(self, parts: list[DecodeSession], capacity: int, row_capacity: int) -> None:
+    def _relayout(
+        self, parts: list[DecodeSession], capacity: int, row_capacity: int, *, end_at: int = 0, more_rows: int = 0
+    ) -> None:
         """Lay the rows of ``parts`` out again, each row's sequence ending at the same slot.
 
         In this batch's own cache when it is large enough (each row moved through a copy of
@@ -467,15 +473,16 @@ class DecodeSession:
         for part in parts:
             assert part.start is not None
             spans += [(part, j, first) for j, first in enumerate(part.start.tolist())]
-        end = max(part.slot - first for part, _, first in spans)  # the longest sequence
+        end = max([end_at] + [part.slot - first for part, _, first in spans])  # the longest sequence
         rows = len(spans)
+        room = rows + more_rows
         own = self.cache
-        if parts[0] is self and own is not None and own.row_capacity >= rows and own.slots >= end + capacity:
+        if parts[0] is self and own is not None and own.row_capacity >= room and own.slots >= end + capacity:
             cache = own
             cache.set_rows(rows)
         else:
             headroom = max(32, (end + capacity) // 4)  # so joins do not lay the batch out every step
-            cap = min(max(row_capacity, rows), -(-rows // 8) * 8)
+            cap = min(max(row_capacity, room), -(-room // 8) * 8)
             slots = end + capacity + headroom
             cache = KVCache(dec.layers, rows, dec.kv_heads, slots, dec.head_dim, self.dtype, self.device, cap)
         mask = torch.zeros((rows, cache.slots), dtype=self.dtype, device=self.device)
@@ -517,6 +524,159 @@ class DecodeSession:
         self.slot += 1
         self.pos = self.pos + 1
         return self._logits(h)
+
+    # -- a step that also admits new rows --------------------------------------------------------
+
+    def can_admit(self, prompts: list[list[int]], known: int, capacity: int) -> bool:
+        """Whether :meth:`step_admitting` can take ``prompts`` (each its own new row) at the next step.
+
+        Each new prompt must end at the current slot (so it fits in front of it), the rows and
+        ``capacity`` more tokens for every row must fit the allocation, and the prompts must
+        not share much beyond the ``known`` prefix (that part would be computed once per row).
+        """
+        if self.cache is None or not prompts:
+            return False
+        longest = max(map(len, prompts))
+        if longest > self.slot + 1 or self.slot + 1 + capacity > self.cache.slots:
+            return False
+        if self.cache.rows + len(prompts) > self.cache.row_capacity:
+            return False
+        shared = len(os.path.commonprefix(prompts)) if len(prompts) > 1 else 0
+        return shared - known < 4 * MIN_SHARED_PREFIX
+
+    def step_admitting(self, tokens: torch.Tensor, prompts: list[list[int]], prefix: Prefix | None) -> torch.Tensor:
+        """Feed one token per row and prefill ``prompts`` as new rows in the same pass; the next-token logits.
+
+        One forward instead of a prefill and a step: every weight is read once for both, and the
+        matmuls run on the decode rows and the prompt tokens together. Each prompt is laid out
+        ending at this step's slot (its keys and values from ``prefix`` where it starts with it),
+        so afterwards the new rows step with the others. Returns logits for the old rows, then
+        the new ones (in order). Check :meth:`can_admit` first.
+        """
+        assert self.cache is not None and self.mask is not None and self.pos is not None and self.start is not None
+        dev, cache = self.device, self.cache
+        old, u, s = self.cache.rows, len(prompts), self.slot
+        known = len(prefix[0]) if prefix is not None else 0
+        if prefix is not None and not all(len(p) > known and p[:known] == list(prefix[0]) for p in prompts):
+            known, prefix = 0, None
+        lengths = [len(p) for p in prompts]
+        n = [length - known for length in lengths]  # tokens to compute per new row
+        width = max(n)
+        starts = [s + 1 - length for length in lengths]  # each prompt ends at slot s
+        cache.set_rows(old + u)
+        for j, first in enumerate(starts):
+            r = old + j
+            cache.k[:, r, :, :first] = 0  # masked but read (see join)
+            cache.v[:, r, :, :first] = 0
+            if known:
+                assert prefix is not None
+                cache.k[:, r, :, first : first + known] = prefix[1][:, 0]
+                cache.v[:, r, :, first : first + known] = prefix[2][:, 0]
+        self.prefix_hits += known
+        # the prompt tokens left-padded to ``width``: compute index w of row j is suffix token w - (width - n_j)
+        ids = torch.zeros((u, width), dtype=torch.long)
+        pos = torch.zeros((u, width), dtype=torch.long)
+        for j, p in enumerate(prompts):
+            ids[j, width - n[j] :] = torch.tensor(p[known:])
+            pos[j, width - n[j] :] = torch.arange(known, lengths[j])
+        lo = s + 1 - max(lengths)  # the first slot a new row reads
+        span = s + 1 - lo
+        see = torch.zeros((u, width, span), dtype=torch.bool)
+        for j in range(u):
+            for w in range(width):
+                t = w - (width - n[j])
+                if t < 0:  # a pad: it sees its own row's last slot (finite, never written, never used)
+                    see[j, w, span - 1] = True
+                else:
+                    see[j, w, starts[j] - lo : starts[j] - lo + known + t + 1] = True
+        add = torch.zeros(see.shape, dtype=self.dtype).masked_fill_(~see, float("-inf")).unsqueeze(1).to(dev)
+        first = int(self.start.min())
+        dec_mask = self.mask[:, None, None, first : s + 1]
+        h = self._mixed_forward(tokens, ids.to(dev), pos.to(dev), n, (first, dec_mask), (lo, add))
+        logits = self._logits(h)
+        # the new rows' bookkeeping: visible from their first slot on
+        mask = torch.zeros((u, self.mask.shape[1]), dtype=self.dtype, device=dev)
+        for j, first_slot in enumerate(starts):
+            mask[j, :first_slot] = float("-inf")
+        self.mask = torch.cat([self.mask, mask])
+        self.pos = torch.cat([self.pos + 1, torch.tensor(lengths, device=dev)])
+        self.start = torch.cat([self.start, torch.tensor(starts, device=dev)])
+        self.slot = s + 1
+        last = prompts[-1]
+        r = old + u - 1
+        first_slot = starts[-1]
+        self.computed_prefix = (
+            tuple(last[:-1]),
+            cache.k[:, r : r + 1, :, first_slot : first_slot + len(last) - 1].clone(),
+            cache.v[:, r : r + 1, :, first_slot : first_slot + len(last) - 1].clone(),
+        )
+        return logits
+
+    def _mixed_forward(
+        self,
+        tokens: torch.Tensor,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        n: list[int],
+        dec_attn: tuple[int, torch.Tensor],
+        new_attn: tuple[int, torch.Tensor],
+    ) -> torch.Tensor:
+        """One pass over the decode rows' tokens and the new rows' prompt tokens; last hidden state per row."""
+        assert self.cache is not None and self.pos is not None
+        dec, cache = self.dec, self.cache
+        old, (u, width) = tokens.shape[0], ids.shape
+        s = self.slot
+        nh, kvh, hd, half = dec.n_heads, dec.kv_heads, dec.head_dim, dec.head_dim // 2
+        total = old + u * width
+        flat_ids = torch.cat([tokens.view(-1), ids.reshape(-1)])
+        flat_pos = torch.cat([self.pos.view(-1), pos.reshape(-1)]).view(1, total)
+        h = F.embedding(flat_ids, self.embed)  # (tokens, hidden): every matmul runs on all of them
+        cos, sin = dec.base.model.rotary_emb(h.unsqueeze(0), flat_pos)
+        cos, sin = cos.view(total, 1, hd), sin.view(total, 1, hd)
+
+        def rope(x: torch.Tensor) -> torch.Tensor:  # x: (tokens, heads, head_dim)
+            return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+        first, dec_mask = dec_attn
+        lo, new_mask = new_attn
+        extra = {"enable_gqa": True} if dec.gqa and kvh != nh else {}
+        rows_new = slice(old, old + u)
+        for i, layer in enumerate(self.layers):
+            x = F.rms_norm(h, (dec.hidden,), layer.ln_in, dec.eps)
+            q, k, v = layer.qkv(x)
+            q = rope(q.view(total, nh, hd))
+            k = rope(k.view(total, kvh, hd))
+            v = v.view(total, kvh, hd)
+            cache.k[i, :old, :, s] = k[:old]
+            cache.v[i, :old, :, s] = v[:old]
+            k_new = k[old:].view(u, width, kvh, hd).transpose(1, 2)
+            v_new = v[old:].view(u, width, kvh, hd).transpose(1, 2)
+            for j in range(u):  # only the real tokens go into the cache, ending at slot s
+                cache.k[i, old + j, :, s + 1 - n[j] : s + 1] = k_new[j, :, width - n[j] :]
+                cache.v[i, old + j, :, s + 1 - n[j] : s + 1] = v_new[j, :, width - n[j] :]
+            keys, values = cache.k[i, :old, :, first : s + 1], cache.v[i, :old, :, first : s + 1]
+            keys_new, values_new = cache.k[i, rows_new, :, lo : s + 1], cache.v[i, rows_new, :, lo : s + 1]
+            if not dec.gqa and kvh != nh:
+                keys, values = (t.repeat_interleave(nh // kvh, dim=1) for t in (keys, values))
+                keys_new, values_new = (t.repeat_interleave(nh // kvh, dim=1) for t in (keys_new, values_new))
+            o_dec = F.scaled_dot_product_attention(
+                q[:old].unsqueeze(2), keys, values, attn_mask=dec_mask, scale=dec.scale, **extra
+            )  # (old, heads, 1, head_dim)
+            o_new = F.scaled_dot_product_attention(
+                q[old:].view(u, width, nh, hd).transpose(1, 2),
+                keys_new,
+                values_new,
+                attn_mask=new_mask,
+                scale=dec.scale,
+                **extra,
+            )  # (u, heads, width, head_dim)
+            o = torch.cat([o_dec.reshape(old, nh * hd), o_new.transpose(1, 2).reshape(u * width, nh * hd)])
+            h = h + layer.o(o)
+            x = F.rms_norm(h, (dec.hidden,), layer.ln_post, dec.eps)
+            gate, up = layer.gate_up(x)
+            h = h + layer.down(F.silu(gate) * up)
+        last = torch.cat([h[:old], h[old:].view(u, width, -1)[:, -1]])
+        return F.rms_norm(last, (dec.hidden,), self.norm, dec.eps)
 
 
 def _sdpa_has_gqa() -> bool:

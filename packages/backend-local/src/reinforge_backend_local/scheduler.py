@@ -238,9 +238,11 @@ class Scheduler:
     def _step(
         self, session: Any, logits: torch.Tensor | None, rows: list[_Row], new: list[_Row]
     ) -> tuple[Any, torch.Tensor | None]:
-        """Admit ``new`` into the batch, sample one token for every row, drop the finished, feed the rest."""
-        if new:
+        """Sample one token for every row, drop the finished, feed the rest; ``new`` rows are admitted
+        in that same pass (:meth:`_admit_in_step`), or before it when there is no batch to join."""
+        if new and (not rows or not self.joinable):
             session, logits = self._join(session, logits, rows, new)
+            new = []
         if not rows:
             return None, None
         assert logits is not None
@@ -275,14 +277,40 @@ class Scheduler:
         self._deliver(events)
         if not still:
             rows.clear()
-            return None, None
+            return self._join(None, None, rows, new) if new else (None, None)
         if len(still) != len(rows):
             session.keep(still)
             tok = tok.index_select(0, torch.tensor(still))
             rows[:] = [rows[j] for j in still]
         if self.joinable and not session.fits(1):  # cannot happen while joins reserve capacity; stay safe
             session.compact(max(r.remaining for r in rows), self.max_batch)
-        return session, session.step(tok.to(self.engine.device))
+        tok = tok.to(self.engine.device)
+        if new:
+            return self._admit_in_step(session, tok, rows, new)
+        return session, session.step(tok)
+
+    def _admit_in_step(
+        self, session: Any, tok: torch.Tensor, rows: list[_Row], new: list[_Row]
+    ) -> tuple[Any, torch.Tensor]:
+        """Step the batch and prefill ``new`` in one forward when their prompts fit in front of the
+        current slot (:meth:`~.decoder.DecodeSession.step_admitting`); else step, then join."""
+        prompts = [list(r.request.prompt_ids) for r in new]
+        distinct = len({tuple(p) for p in prompts}) == len(prompts)  # ``n`` choices share one prefill: join
+        prefix = self._prefix(prompts) if distinct else None
+        known = len(prefix[0]) if prefix is not None else 0
+        capacity = max(r.remaining for r in rows + new)
+        if distinct and not session.can_admit(prompts, known, capacity):  # make room: right-aligned, longer
+            session.compact(capacity + 1, self.max_batch, end_at=max(map(len, prompts)) - 1, more_rows=len(new))
+            self.stats.relayouts += 1
+        if not distinct or not session.can_admit(prompts, known, capacity):
+            return self._join(session, session.step(tok), rows, new)
+        self.stats.prefill_tokens += sum(map(len, prompts))
+        hits = session.prefix_hits
+        logits = session.step_admitting(tok, prompts, prefix)
+        self.stats.prefix_tokens_reused += session.prefix_hits - hits
+        self._anchor = (session.computed_prefix, self.engine.weights_version)
+        self._admitted(rows, new, joined=len(new))
+        return session, logits
 
     def _join(
         self, session: Any, logits: torch.Tensor | None, rows: list[_Row], new: list[_Row]
@@ -292,8 +320,6 @@ class Scheduler:
         prompts = [list(p) for p in uniq]
         self.stats.prefill_tokens += sum(len(p) for p in prompts)
         capacity = max(r.remaining for r in rows + new)
-        now = time.perf_counter()
-        waits = [now - r.stream.submitted for r in new]
         joined = len(new) if rows else 0
         prefix = self._prefix(prompts)
         if not rows:  # a new batch, on the weights as they are now
@@ -316,13 +342,19 @@ class Scheduler:
             self.stats.prefix_tokens_reused += part.prefix_hits
             if part.computed_prefix is not None:
                 self._anchor = (part.computed_prefix, self.engine.weights_version)
+        self._admitted(rows, new, joined)
+        assert logits is not None
+        return session, logits
+
+    def _admitted(self, rows: list[_Row], new: list[_Row], joined: int) -> None:
+        """``new`` are rows of the batch now (``joined`` of them into one that was already decoding)."""
+        now = time.perf_counter()
+        waits = [now - r.stream.submitted for r in new]
         rows += new
         self.stats.admitted += len(new)
         self.stats.joined += joined
         if self.on_admit is not None:
             self.on_admit(waits, joined)
-        assert logits is not None
-        return session, logits
 
     def _prefix(self, prompts: list[list[int]]) -> Prefix | None:
         """What the last prefill computed that these prompts all start with (a chat template's system part)."""
