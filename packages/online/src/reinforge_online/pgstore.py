@@ -122,7 +122,6 @@ class PostgresTraceStore(TraceStore):
         self._password = password
         self._connect_timeout_s = connect_timeout_s
         self.database_errors = (psycopg.OperationalError, psycopg.InterfaceError)
-        self.busy_timeout_ms = busy_timeout_ms
         self._held: set[str] = set()  # batches this store's writer session holds the advisory lock of
         self._init(
             queue_size=queue_size,
@@ -157,9 +156,6 @@ class PostgresTraceStore(TraceStore):
                 db.close()
             raise
         return db, self._open()
-
-    def _in_transaction(self, db: Any) -> bool:
-        return bool(db.in_transaction)
 
     def _reconnect(self) -> None:
         if not self._db.usable:
