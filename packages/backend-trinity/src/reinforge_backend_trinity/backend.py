@@ -4,8 +4,8 @@ Core checks ``backend_args`` against :class:`~reinforge_backend_trinity.settings
 the algorithm against :meth:`TrinityBackend.algorithm_name` before anything loads; :meth:`check`
 then builds the Trinity config (so a run that cannot be written fails there too). ``tune --dry-run``
 writes it to ``<output_dir>/<project>/<experiment>/trinity_config.yaml`` and prints its path.
-Launching it (``run``) lands in a later version: ``run`` writes the same file and says how to run it
-with ``trinity run --config`` meanwhile (its tasksets run on :mod:`reinforge_backend_trinity.workflow`).
+``run`` writes the same file and launches it (:mod:`reinforge_backend_trinity.launch`): Trinity's
+``check_and_update()`` and ``run_stage`` on Ray; its tasksets run on :mod:`reinforge_backend_trinity.workflow`.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from reinforge.plugin import Backend, ConfigError, ConfigurationError, load_settings, suggest
+from reinforge.plugin import Backend, ConfigError, load_settings, suggest
 
-from .__about__ import __version__
 from .algorithms import (
     ALIASES,
     TO_TRINITY,
@@ -25,7 +24,7 @@ from .algorithms import (
     trinity_name,
     unknown_algorithm,
 )
-from .extra import INSTALL_HINT, require_trinity
+from .extra import require_trinity
 from .mapping import load_trinity_yaml, run_folder, trinity_config, write_config
 from .settings import TrinitySettings
 
@@ -121,14 +120,28 @@ class TrinityBackend(Backend):
         }
 
     def run(self, job: TuneJob) -> dict[str, Any]:
-        require_trinity()  # launching needs Trinity-RFT: without it, a MissingExtraError that says what to install
-        path = self.write(job)
-        raise ConfigurationError(
-            f"reinforge-backend-trinity {__version__} writes the run as a Trinity-RFT config but does not launch "
-            f"it yet: launching (Trinity's run_stage on Ray) lands in a later version. The config is written: {path}. "
-            "Its tasksets run on reinforge's Workflow adapter (reinforge_backend_trinity.workflow.ReinforgeWorkflow: "
-            "your workflow, judges and group reward, imported by reference on Trinity's workers), so meanwhile run "
-            "it yourself on a cluster where reinforge-backend-trinity and your modules are installed: `ray start "
-            f"--head` (or point backend_args.ray_address at a cluster), then `trinity run --config {path}`. Trinity "
-            f"is installed with: {INSTALL_HINT}"
+        """Write the config, then launch it: Trinity's ``check_and_update()`` and ``run_stage`` on Ray (see launch.py)."""
+        require_trinity()  # without Trinity-RFT, a MissingExtraError that says what to install
+        from .launch import launch
+
+        settings = self._settings(job)
+        config = self.config(job)
+        folder = run_folder(job.run, settings)
+        path = write_config(config, folder)
+        print(f"wrote the Trinity-RFT config: {path}", file=sys.stderr)
+        where = job.run.source or "run"
+        checkpoints = Path(config.get("checkpoint_root_dir", folder))
+        status = launch(
+            path,
+            config,
+            where=where,
+            url=settings.external_url,
+            num_cpus=settings.ray_num_cpus,
+            excludes=[Path(settings.output_dir), checkpoints],  # the run's outputs do not travel to the workers
         )
+        if not status["success"]:
+            raise RuntimeError(
+                f"{where}: Trinity-RFT's {status['stage']} stage failed: {status['error']} (config: {path}; logs under "
+                f"{status['checkpoint_job_dir']})"
+            )
+        return {"status": "finished", "trinity_config": str(path), "trinity_stage": status}

@@ -63,6 +63,10 @@ class TrinitySettings(Settings):
     ray_address: str | None = None  # "auto" (Trinity's default), "ray://head:10001", an address
     node_num: int | None = None  # cluster.node_num
     gpu_per_node: int | None = None  # cluster.gpu_per_node (0 on a CPU-only explorer)
+    # CPUs of the local Ray head `tune` starts when ray_address is unset (default: all of this machine's)
+    ray_num_cpus: int | None = None
+    # engine_type external: the OpenAI-compatible server's root URL (default: $OPENAI_BASE_URL, Trinity's variable)
+    external_url: str | None = None
 
     # the rollout model (explorer.rollout_model): its GPUs are engine_num * tensor_parallel_size; the trainer
     # gets the rest of node_num * gpu_per_node (Trinity computes it)
@@ -106,6 +110,9 @@ class TrinitySettings(Settings):
         for key in ("engine_num", "tensor_parallel_size", "auxiliary_engine_num", "auxiliary_tensor_parallel_size"):
             at_least(key, getattr(self, key), 1)
         at_least("runner_per_model", self.runner_per_model, 1)
+        at_least("ray_num_cpus", self.ray_num_cpus, 1)
+        if self.external_url is not None and not self.external_url.startswith(("http://", "https://")):
+            raise FieldError("external_url", f"must be an http(s) URL, got {self.external_url!r}")
         at_least("sync_interval", self.sync_interval, 1)
         if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise FieldError("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
