@@ -155,7 +155,7 @@ def job_from_spec(spec: dict[str, Any], *, group_size: int) -> TuneJob:
 
     :raises ConfigError: the spec is not one the mapping wrote (the message names the key).
     """
-    from reinforge.job import build_job  # core's one builder of a run's components (not in reinforge.plugin yet)
+    from reinforge.plugin import build_job  # core's one builder of a run's components
 
     where = spec.get("run_file") or f"workflow_args.{WORKFLOW_ARGS_KEY}"
     if not isinstance(spec.get("workflow"), dict) or not spec["workflow"].get("ref"):
@@ -275,7 +275,7 @@ class ReinforgeWorkflow(Workflow):
 
     def _built(self) -> TuneJob:
         if self._job is None:
-            from reinforge.agentscope_model import wants_agentscope
+            from reinforge.plugin import wants_agentscope
 
             job = job_from_spec(self._spec, group_size=self.repeat_times)
             if wants_agentscope(job.workflow, job.run.model_interface):

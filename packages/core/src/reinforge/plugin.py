@@ -28,6 +28,9 @@ What is here:
 - :class:`Registry`, :class:`Component`, :class:`Kind`, :func:`collect`:
   registries of named things, also for a package's own kinds (tools).
 - :func:`resolve_ref`: a registered name, ``module:attr`` or a callable to the object.
+- :func:`load_run`, :func:`build_job`, :func:`build_composer`, :class:`RewardComposer`,
+  :func:`wants_agentscope`: a run file to its built components, for packages that run a
+  run's workflow and judges outside ``reinforge tune`` (another engine's workers, a gateway).
 - :class:`ConfigurationError`: a component's permanent error (the run stops).
 
 Plugins add their own hookspecs in ``reinforge_addhooks(pluginmanager)``; a
@@ -43,9 +46,10 @@ from typing import TYPE_CHECKING, Any
 from .hookspecs import hookimpl, hookspec
 
 if TYPE_CHECKING:  # the names below load on first use: a plugin module that imports hookimpl stays cheap
+    from .agentscope_model import wants_agentscope
     from .backend import Backend, NoSettings
     from .components import ComponentContext, ComponentPlan, build_component, plan_component
-    from .config import AlgorithmConfig, ComponentSpec, DatasetConfig, ModelConfig, RunConfig, to_dict
+    from .config import AlgorithmConfig, ComponentSpec, DatasetConfig, ModelConfig, RunConfig, load_run, to_dict
     from .errors import (
         ConfigError,
         ConfigurationError,
@@ -57,18 +61,20 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin module that imp
         require,
     )
     from .evaluation import accuracy_of, check_accuracy_key
-    from .job import TuneJob
+    from .job import TuneJob, build_composer, build_job
     from .lifecycle import RunContext, RunStatus
     from .litellm_model import LiteLLMChatModel
     from .models import RecordingChatModel
     from .plugins import BrokenPlugin, PluginManager, collect, get_plugin_manager, plugin_distribution
     from .refs import resolve_ref
     from .registry import KINDS, Component, Kind, Registry
+    from .rewards import RewardComposer
     from .runner import BatchResult, Runner
     from .settings import FieldError, Settings, at_least, finite, in_range, one_of, suggest
     from .settings import load as load_settings
 
 _LAZY = {
+    "wants_agentscope": ("agentscope_model", "wants_agentscope"),
     "Backend": ("backend", "Backend"),
     "NoSettings": ("backend", "NoSettings"),
     "ComponentContext": ("components", "ComponentContext"),
@@ -80,6 +86,7 @@ _LAZY = {
     "DatasetConfig": ("config", "DatasetConfig"),
     "ModelConfig": ("config", "ModelConfig"),
     "RunConfig": ("config", "RunConfig"),
+    "load_run": ("config", "load_run"),
     "to_dict": ("config", "to_dict"),
     "ConfigError": ("errors", "ConfigError"),
     "ConfigurationError": ("errors", "ConfigurationError"),
@@ -96,6 +103,8 @@ _LAZY = {
     "BatchResult": ("runner", "BatchResult"),
     "Runner": ("runner", "Runner"),
     "TuneJob": ("job", "TuneJob"),
+    "build_composer": ("job", "build_composer"),
+    "build_job": ("job", "build_job"),
     "RunContext": ("lifecycle", "RunContext"),
     "RunStatus": ("lifecycle", "RunStatus"),
     "BrokenPlugin": ("plugins", "BrokenPlugin"),
@@ -108,6 +117,7 @@ _LAZY = {
     "Component": ("registry", "Component"),
     "Kind": ("registry", "Kind"),
     "Registry": ("registry", "Registry"),
+    "RewardComposer": ("rewards", "RewardComposer"),
     "FieldError": ("settings", "FieldError"),
     "Settings": ("settings", "Settings"),
     "at_least": ("settings", "at_least"),
@@ -155,6 +165,7 @@ __all__ = [
     "Registry",
     "ReinforgeError",
     "ResolveError",
+    "RewardComposer",
     "RewardError",
     "RunConfig",
     "RunContext",
@@ -165,6 +176,8 @@ __all__ = [
     "accuracy_of",
     "at_least",
     "build_component",
+    "build_composer",
+    "build_job",
     "check_accuracy_key",
     "collect",
     "finite",
@@ -172,6 +185,7 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "in_range",
+    "load_run",
     "load_settings",
     "one_of",
     "plan_component",
@@ -180,4 +194,5 @@ __all__ = [
     "resolve_ref",
     "suggest",
     "to_dict",
+    "wants_agentscope",
 ]

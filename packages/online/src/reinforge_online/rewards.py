@@ -44,7 +44,7 @@ from .store import StoreUnavailable, TraceStore, _dumps
 if TYPE_CHECKING:
     import pluggy
 
-    from reinforge.rewards import RewardComposer
+    from reinforge.plugin import RewardComposer
 
 __all__ = ["RewardCalculator", "build_composer", "clamp_reward"]
 
@@ -63,8 +63,8 @@ def build_composer(
 
     :raises ConfigError, ResolveError, SignatureError: naming the file and key (``reward.judges[0]``).
     """
-    from reinforge.config import load_run
-    from reinforge.job import build_composer as wire  # core's wiring of built judges into a composer
+    from reinforge.plugin import build_composer as wire  # core's wiring of built judges into a composer
+    from reinforge.plugin import load_run
 
     pm = pm or get_plugin_manager()
     registry = Registry(plugin_manager=pm)
