@@ -359,9 +359,10 @@ class DecodeSession:
         self.computed_prefix = None
         if shared:
             one = KVCache(dec.layers, 1, dec.kv_heads, shared, dec.head_dim, self.dtype, dev)
-            known = 0  # tokens whose keys and values come from ``prefix``
-            if prefix is not None and len(prefix[0]) <= shared and list(prefix[0]) == prompts[0][: len(prefix[0])]:
-                known = len(prefix[0])
+            # tokens whose keys and values come from ``prefix``
+            known = len(prefix[0]) if reusable and prefix is not None and len(prefix[0]) <= shared else 0
+            if known:
+                assert prefix is not None
                 one.k[:, :, :, :known] = prefix[1]
                 one.v[:, :, :, :known] = prefix[2]
                 self.prefix_hits += known
@@ -581,14 +582,11 @@ class DecodeSession:
             pos[j, width - n[j] :] = torch.arange(known, lengths[j])
         lo = s + 1 - max(lengths)  # the first slot a new row reads
         span = s + 1 - lo
-        see = torch.zeros((u, width, span), dtype=torch.bool)
-        for j in range(u):
-            for w in range(width):
-                t = w - (width - n[j])
-                if t < 0:  # a pad: it sees its own row's last slot (finite, never written, never used)
-                    see[j, w, span - 1] = True
-                else:
-                    see[j, w, starts[j] - lo : starts[j] - lo + known + t + 1] = True
+        t = torch.arange(width).unsqueeze(0) - (width - torch.tensor(n)).unsqueeze(1)  # (u, width); < 0: a pad
+        first_col = (torch.tensor(starts) - lo).view(u, 1, 1)
+        cols = torch.arange(span).view(1, 1, span)
+        see = (cols >= first_col) & (cols <= first_col + known + t.unsqueeze(2))  # its prefix, causally
+        see[:, :, span - 1] |= t < 0  # a pad sees its row's last slot (finite; its output is never used)
         add = torch.zeros(see.shape, dtype=self.dtype).masked_fill_(~see, float("-inf")).unsqueeze(1).to(dev)
         first = int(self.start.min())
         dec_mask = self.mask[:, None, None, first : s + 1]

@@ -449,11 +449,9 @@ def load(
         except AdapterError as exc:
             raise ConfigError(f"adapter {source.adapter}: cannot be loaded onto {folder}: {exc}") from exc
     if engine.decoder is not None and source.full_weights is None:
-        embedding = {n for n, m in swapper.modules.items() if m is model.get_input_embeddings()}
-        tied = {
-            n for n in factors if getattr(swapper.modules[n], "weight", None) is model.get_input_embeddings().weight
-        }
-        swapper.release(folder, projection_groups(model), map_embedding=not (embedding | tied) & set(factors))
+        table = model.get_input_embeddings().weight  # an adapter on a layer tied to it keeps it in memory
+        tied = any(swapper.modules[n].weight is table for n in factors)
+        swapper.release(folder, projection_groups(model), map_embedding=not tied)
     if factors:  # merged the same way a hot swap merges, so the base stays recoverable
         try:
             swapper.apply(factors)
