@@ -356,21 +356,12 @@ def test_released_weights_serve_packed_and_swap_exactly_from_the_folder(
     model_folder: Any, adapters: dict[str, Path]
 ) -> None:
     """``reinforge serve`` keeps each linear weight once (packed); a swap reads the base back from the folder."""
-    import threading
-
     import torch
     from peft import PeftModel
 
-    from reinforge_backend_local import packing
     from reinforge_backend_local.modeling import load_policy
-    from reinforge_backend_local.serve.model import AdapterSwapper
 
-    if not packing.available():
-        pytest.skip("oneDNN is not available in this torch build")
-    model, _, _ = load_policy(str(model_folder))
-    model.requires_grad_(False)
-    packer = packing.Packer()
-    swapper = AdapterSwapper(model, threading.Lock(), packer)
+    model, packer, swapper = _packed_model(model_folder)
     assert swapper.release(model_folder) == 7 * model.config.num_hidden_layers  # q k v o gate up down
     q = model.model.layers[0].self_attn.q_proj
     assert q.weight.shape == (576, 576) and q.weight.stride() == (0, 0)  # one number, the shape kept
@@ -392,26 +383,17 @@ def test_projections_served_stacked_swap_exactly_and_cannot_run_alone(
     model_folder: Any, adapters: dict[str, Path]
 ) -> None:
     """q/k/v and gate/up are pinned as one stacked weight each; a swap re-stacks them from peft's merge, exactly."""
-    import threading
-
     import torch
     from peft import PeftModel
 
-    from reinforge_backend_local import packing
     from reinforge_backend_local.decoder import LlamaDecoder, projection_groups
     from reinforge_backend_local.modeling import load_policy
-    from reinforge_backend_local.serve.model import AdapterError, AdapterSwapper
+    from reinforge_backend_local.serve.model import AdapterError
 
-    if not packing.available():
-        pytest.skip("oneDNN is not available in this torch build")
-    model, _, _ = load_policy(str(model_folder))
-    model.requires_grad_(False)
+    model, packer, swapper = _packed_model(model_folder)
     layers = model.config.num_hidden_layers
     ids = torch.tensor([[1, 17, 250, 3001, 42, 9]])
     plain = model(ids).logits[0, -1].detach()
-    packer = packing.Packer()
-    packing.install(model, packer)  # as serve does: the model's own linears run on the packer's weights
-    swapper = AdapterSwapper(model, threading.Lock(), packer)
     assert swapper.release(model_folder, projection_groups(model)) == 7 * layers
     assert len(packer.groups) == 2 * layers and len(packer.pinned) == 2 * layers + 1  # o, down; the tied head
     embedding = model.get_input_embeddings().weight  # read from the file's pages, not a copy in memory
@@ -448,6 +430,23 @@ def test_projections_served_stacked_swap_exactly_and_cannot_run_alone(
     base, _, _ = load_policy(str(model_folder))
     for name in names:
         assert torch.equal(_served_weight(swapper, name), base.get_submodule(name).weight.detach()), name
+
+
+def _packed_model(model_folder: Any) -> tuple[Any, Any, Any]:
+    """The model as serve holds it before :meth:`AdapterSwapper.release`: frozen, its linears on a packer."""
+    import threading
+
+    from reinforge_backend_local import packing
+    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.serve.model import AdapterSwapper
+
+    if not packing.available():
+        pytest.skip("oneDNN is not available in this torch build")
+    model, _, _ = load_policy(str(model_folder))
+    model.requires_grad_(False)
+    packer = packing.Packer()
+    packing.install(model, packer)  # as serve does: the model's own linears run on the packer's weights
+    return model, packer, AdapterSwapper(model, threading.Lock(), packer)
 
 
 def _mapping_of(address: int) -> str:
