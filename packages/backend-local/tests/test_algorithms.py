@@ -135,3 +135,47 @@ def test_build_samples_reads_the_scaling_from_the_typed_settings():
     unscaled = build_samples(result, algo, GroupSettings(scale_rewards="none"), name="grpo")
     assert [s.advantage for s in scaled.items] == [pytest.approx(1.0, rel=1e-5), pytest.approx(-1.0, rel=1e-5)]
     assert [s.advantage for s in unscaled.items] == [pytest.approx(0.5), pytest.approx(-0.5)]
+
+
+def test_a_call_reward_reaches_exactly_that_calls_advantage():
+    from reinforge_backend_local.algorithms import MultiStepSettings
+
+    def rewarded(reward, call_rewards, task_index=0):
+        t = _trajectory(reward, len(call_rewards), task_index)
+        for call, r in zip(t.calls, call_rewards):
+            call.reward = r
+        return t
+
+    g = GroupResult(task={}, task_index=0, group_id="g", kept=[rewarded(1.0, [0.5, None]), rewarded(0.0, [0.1, None])])
+    # equal trajectory rewards, different call rewards: trains on the calls' rewards alone
+    h = GroupResult(task={}, task_index=1, group_id="h", kept=[rewarded(1.0, [1.0]), rewarded(1.0, [0.0])])
+    # nothing differs: skipped
+    k = GroupResult(task={}, task_index=2, group_id="k", kept=[rewarded(1.0, [0.3]), rewarded(1.0, [0.3])])
+    result = BatchResult([g, h, k], counters=None, metrics={}, seconds=0.0)
+    algo = AlgorithmConfig(algorithm_type="multi_step_grpo", group_size=2)
+    settings = MultiStepSettings(scale_rewards="none", call_reward_weight=2.0)
+    samples = build_samples(result, algo, settings, name="multi_step_grpo")
+    # by hand: trajectory advantages +-0.5 in g, 0 in h; the rewarded calls of g are 0.5 and 0.1 (mean 0.3),
+    # so +-0.2, times the weight 2.0 = +-0.4 on those two calls only; in h, 1.0 and 0.0 (mean 0.5): +-1.0
+    assert [s.advantage for s in samples.items] == [
+        pytest.approx(0.9),
+        pytest.approx(0.5),
+        pytest.approx(-0.9),
+        pytest.approx(-0.5),
+        pytest.approx(1.0),
+        pytest.approx(-1.0),
+    ]
+    assert samples.zero_variance_groups == 1
+    ignored = build_samples(result, algo, MultiStepSettings(scale_rewards="none", call_reward_weight=0.0))
+    assert [s.advantage for s in ignored.items] == [pytest.approx(a) for a in (0.5, 0.5, -0.5, -0.5)]
+    assert ignored.zero_variance_groups == 2
+    grpo = build_samples(result, AlgorithmConfig(group_size=2))  # other algorithms do not read call rewards
+    assert [s.advantage for s in grpo.items] == [pytest.approx(a, rel=1e-5) for a in (1.0, 1.0, -1.0, -1.0)]
+    assert grpo.zero_variance_groups == 2
+
+
+def test_call_reward_weight_is_checked():
+    from reinforge_backend_local.algorithms import resolve
+
+    with pytest.raises(ConfigError, match="call_reward_weight"):
+        resolve(AlgorithmConfig(algorithm_type="multi_step_grpo", call_reward_weight=-1.0))

@@ -220,3 +220,33 @@ def test_observer_hooks_see_every_trajectory():
     r.hook = pm.hook
     r.run(tasks(2))
     assert sorted(seen) == [("0", True), ("0", True), ("1", True), ("1", True)]
+
+
+async def two_calls_rewarded(task, model):
+    """Two model calls; the workflow rewards the first one only."""
+    await model.chat([{"role": "user", "content": "first"}])
+    reply = await model.chat([{"role": "user", "content": task["say"]}])
+    return WorkflowOutput(response=reply, call_rewards=[0.25, None])
+
+
+def test_call_rewards_land_on_their_recorded_calls():
+    result = make_runner(workflow=two_calls_rewarded).run(tasks(2))
+    t = result.groups[1].kept[0]
+    assert [c.messages[0]["content"] for c in t.calls] == ["first", "1"]
+    assert [c.reward for c in t.calls] == [0.25, None]
+    assert t.calls[0].to_dict()["reward"] == 0.25
+    assert t.reward == 1.0  # the trajectory's own reward is the judges', untouched
+
+
+def test_call_rewards_that_do_not_match_the_calls_stop_the_run_naming_the_workflow():
+    async def one_call_two_rewards(task, model):
+        reply = await model.chat([{"role": "user", "content": task["say"]}])
+        return WorkflowOutput(response=reply, call_rewards=[1.0, 0.0])
+
+    with pytest.raises(RewardError, match=r"one_call_two_rewards: call_rewards has 2 entries but the rollout made 1"):
+        make_runner(workflow=one_call_two_rewards).run(tasks(1))
+
+
+def test_call_rewards_must_be_finite_numbers():
+    with pytest.raises(RewardError, match=r"call_rewards\[1\] must be finite"):
+        WorkflowOutput(call_rewards=[0.0, float("nan")])

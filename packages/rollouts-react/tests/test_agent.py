@@ -353,3 +353,55 @@ def test_the_workflow_reads_a_configurable_task_field_and_says_which_is_missing(
     assert model.calls[0].messages[-1] == {"role": "user", "content": "2+2?"}
     with pytest.raises(ConfigError, match=r"task field 'question' is missing .* keys: prompt"):
         asyncio.run(react_workflow({"prompt": "2+2?"}, ScriptedChatModel([])))
+
+
+def test_few_shot_turns_sit_between_the_system_message_and_the_question():
+    shots = [
+        {"role": "user", "content": "What is 2 * 3?"},
+        {"role": "assistant", "content": 'Action: calculator\nAction Input: {"expression": "2 * 3"}'},
+        {"role": "user", "content": "Observation: 6"},
+        {"role": "assistant", "content": "Final Answer: 6"},
+    ]
+    model, traj, _ = recorded(["Final Answer: 1"])
+    run(ReActAgent(model, tools=[calculator], few_shot=shots))
+    messages = traj.calls[0].messages
+    assert messages[0]["role"] == "system" and messages[1:5] == shots
+    assert messages[5] == {"role": "user", "content": QUESTION}
+
+
+@pytest.mark.parametrize(
+    "shots, message",
+    [
+        ("hi", "few_shot: expected a list, got str"),
+        ([{"role": "robot", "content": "x"}], "few_shot[0]: must be a message with role one of user, assistant, tool"),
+        ([{"role": "assistant", "content": 3}], "few_shot[0].content: must be text, got int"),
+        ([{"role": "user", "content": "q"}], "few_shot: must end with an assistant message"),
+    ],
+)
+def test_bad_few_shot_turns_are_config_errors(shots, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        check_settings({"few_shot": shots})
+
+
+def test_turn_rewards_reward_the_call_that_took_each_action():
+    replies = [
+        "Action: calc[1]",  # unknown tool
+        'Action: calculator\nAction Input: {"expression": "2 * 3"}',  # a tool call that ran
+        "Final Answer: 6",
+    ]
+    model, traj, _ = recorded(replies)
+    agent = ReActAgent(model, tools=[calculator], turn_rewards={"tool": 0.5, "unknown_tool": -0.5}, max_turns=4)
+    result = run(agent)
+    assert result.call_rewards == [-0.5, 0.5, None]  # the final answer's kind is not listed: no reward
+    assert result.to_workflow_output().call_rewards == [-0.5, 0.5, None]
+    assert len(traj.calls) == 3
+    plain, _, _ = recorded(replies)
+    assert run(ReActAgent(plain, tools=[calculator], max_turns=4)).call_rewards is None
+    with pytest.raises(ConfigError, match="turn_rewards.tool_call: must be one of tool, tool_error"):
+        check_settings({"turn_rewards": {"tool_call": 1.0}})
+
+
+def test_an_action_input_object_whose_value_lost_its_quotes_still_runs():
+    model, _, _ = recorded(['Action: calculator\nAction Input: {"expression": 616 * 28}', "Final Answer: 17248"])
+    result = run(ReActAgent(model, tools=[calculator]))
+    assert [(s.kind, s.observation) for s in result.steps] == [("tool", "17248"), ("final", None)]

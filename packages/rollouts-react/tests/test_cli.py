@@ -182,3 +182,45 @@ def test_the_example_judges_read_the_episode(tmp_path):
     assert asyncio.run(judges.clean_protocol(hard, used)).reward == 1.0
     assert asyncio.run(judges.clean_protocol(hard, sloppy)).reward == 0.5
     sys.modules.pop("judges", None)
+
+
+@needs_example
+def test_the_example_reward_pays_for_tool_use_only_with_the_right_answer():
+    """The run file's composed reward on hand-written episodes: the gate makes tool calls unfarmable."""
+    import asyncio
+
+    from reinforge.plugin import build_job, load_run
+    from reinforge.testing import ScriptedChatModel
+    from reinforge_rollouts_react import ReActAgent, calculator
+
+    composer = build_job(load_run(EXAMPLE / "run.yaml"), need_backend=False).composer
+
+    def reward(replies, task):
+        episode = asyncio.run(ReActAgent(ScriptedChatModel(replies), tools=[calculator], max_turns=3).run("q"))
+        return asyncio.run(composer.score(task, episode)).reward
+
+    hard = {"question": "What is 347 * 28?", "answer": "9716", "needs_tool": True}
+    easy = {"question": "What is 3 + 4?", "answer": "7", "needs_tool": False}
+    call = 'Action: calculator\nAction Input: {"expression": "347 * 28"}'
+    assert reward([call, "Final Answer: 9716"], hard) == pytest.approx(1.0)  # tool used correctly
+    assert reward(["Final Answer: 9716"], hard) == pytest.approx(0.7)  # right, in its head: no tool credit
+    assert reward([call, "Final Answer: 9000"], hard) == 0.0  # tool used, answer wrong: nothing to farm
+    assert reward(["Final Answer: 9000"], hard) == 0.0  # not at all
+    assert reward(["Action: calc[1]", "Actio Input 3", "<<garbage>>"], hard) == 0.0  # protocol garbage
+    assert reward(["Action: calc[1]", call, "Final Answer: 9716"], hard) == pytest.approx(0.6 + 0.3 + 0.1 * 2 / 3)
+    assert reward(["Final Answer: 7"], easy) == pytest.approx(1.0)  # no tool needed
+
+
+@needs_example
+def test_the_example_shows_the_model_a_worked_episode_as_chat_turns():
+    from reinforge import load_run
+    from reinforge_rollouts_react import check_settings
+
+    settings = check_settings(load_run(EXAMPLE / "run.yaml").workflow.args)
+    roles = [m["role"] for m in settings.few_shot]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    action = settings.few_shot[1]["content"]
+    from reinforge_rollouts_react.parsing import parse_action
+
+    parsed = parse_action(action)  # the demonstration is an action the agent's own parser reads
+    assert (parsed.kind, parsed.tool, parsed.tool_input) == ("tool", "calculator", {"expression": "254 * 37"})

@@ -25,7 +25,9 @@ __all__ = [
     "ALGORITHM_ALIASES",
     "GroupSettings",
     "LossSettings",
+    "MultiStepSettings",
     "advantages",
+    "call_advantages",
     "resolve",
     "zero_variance",
 ]
@@ -77,9 +79,28 @@ class GroupSettings(LossSettings):
         return self.scale_rewards
 
 
+@dataclass
+class MultiStepSettings(GroupSettings):
+    """Multi-step GRPO: the trajectory's advantage on every model call, plus each call's own reward.
+
+    A workflow may reward single calls (``WorkflowOutput.call_rewards``: a
+    well-formed tool call, a failed one). Those rewards are made group-relative
+    among the calls of the group that carry one (minus their mean, scaled as
+    ``scale_rewards`` says) and, times ``call_reward_weight``, added to the
+    advantage of that call alone; calls without one get the trajectory's advantage only.
+    """
+
+    call_reward_weight: float = 1.0
+
+    def check(self) -> None:
+        super().check()
+        at_least("call_reward_weight", self.call_reward_weight, 0.0)
+        finite("call_reward_weight", self.call_reward_weight)
+
+
 ALGORITHMS: dict[str, type[LossSettings]] = {
     "grpo": GroupSettings,
-    "multi_step_grpo": GroupSettings,  # the trajectory's advantage on every model call of it
+    "multi_step_grpo": MultiStepSettings,  # the trajectory's advantage on every model call, plus call rewards
     "rloo": LossSettings,  # leave-one-out baseline
     "reinforce_pp": LossSettings,  # group-mean baseline, normalized over the batch
     "gspo": GroupSettings,  # one (geometric-mean) ratio per sequence
@@ -143,6 +164,26 @@ def reinforce_pp(groups: list[list[float]]) -> list[list[float]]:
     flat = [a for g in centered for a in g]
     mean, std = statistics.fmean(flat), _std(flat)
     return [[(a - mean) / (std + EPS) for a in g] for g in centered]
+
+
+def call_advantages(groups: list[list[float]], scale_rewards: str = "group", weight: float = 1.0) -> list[list[float]]:
+    """Per-call advantages from the call rewards of each group (the calls that carry one).
+
+    ``weight * (r - group mean)``, divided by the group's std, the batch's std,
+    or nothing, as for trajectory rewards. A group with one rewarded call or
+    equal call rewards gets zeros.
+    """
+    out = []
+    flat = [r for g in groups for r in g]
+    batch_std = _std(flat)
+    for g in groups:
+        if len(g) < 2 or zero_variance(g):
+            out.append([0.0] * len(g))
+            continue
+        mean = statistics.fmean(g)
+        scale = {"group": _std(g) + EPS, "batch": batch_std + EPS, "none": 1.0}[scale_rewards]
+        out.append([weight * (r - mean) / scale for r in g])
+    return out
 
 
 def advantages(algorithm: str, groups: list[list[float]], scale_rewards: str = "group") -> list[list[float]]:

@@ -24,6 +24,7 @@ from reinforge.plugin import (
     RunStatus,
     accuracy_of,
     check_accuracy_key,
+    tool_use_of,
 )
 
 from . import checkpoint, packing
@@ -397,6 +398,9 @@ class TrainingSession:
             "accuracy_after": last and last.get("accuracy/greedy"),
             "sampled_accuracy_before": first and first.get("accuracy/sampled"),
             "sampled_accuracy_after": last and last.get("accuracy/sampled"),
+            # the held-out tool-use rate on tasks that need a tool (greedy), when the workflow reports one
+            "tool_use_before": first and first.get("tool_use/greedy"),
+            "tool_use_after": last and last.get("tool_use/greedy"),
             "write_report": self.opts.report,
         }
         if self.ctx is not None and self.ctx.stop_reason is not None:
@@ -457,6 +461,9 @@ class TrainingSession:
             runner = self.job.make_runner(model_provider=provider, group_size=1, sampling=sampling)
             result = self._rollouts(runner, rows)
             record[f"accuracy/{mode}"] = accuracy_of(result, key, threshold)
+            tool_use = tool_use_of(result, self.run.eval.tool_use_metric, self.run.eval.tool_use_field)
+            if tool_use is not None:
+                record[f"tool_use/{mode}"] = tool_use
             if mode == "greedy":
                 record.update({k: v for k, v in result.metrics.items() if not k.startswith("count/")})
         return record
@@ -498,17 +505,23 @@ def _pct(v: Any) -> str:
 
 
 def _eval_line(record: dict[str, Any]) -> str:
-    return (
+    line = (
         f"eval at step {record['step']}: greedy accuracy {_pct(record.get('accuracy/greedy'))}, "
         f"sampled {_pct(record.get('accuracy/sampled'))}, reward {record.get('reward/mean', float('nan')):.3f}"
     )
+    if "tool_use/greedy" in record:
+        line += f", tool use {_pct(record['tool_use/greedy'])} (sampled {_pct(record.get('tool_use/sampled'))})"
+    return line
 
 
 def _summary_line(summary: dict[str, Any]) -> str:
     line = (
         f"{summary['status']} after {summary['steps']} steps; held-out greedy accuracy "
-        f"{_pct(summary['accuracy_before'])} -> {_pct(summary['accuracy_after'])}; run folder {summary['run_dir']}"
+        f"{_pct(summary['accuracy_before'])} -> {_pct(summary['accuracy_after'])}"
     )
+    if summary.get("tool_use_before") is not None or summary.get("tool_use_after") is not None:
+        line += f", tool use {_pct(summary.get('tool_use_before'))} -> {_pct(summary.get('tool_use_after'))}"
+    line += f"; run folder {summary['run_dir']}"
     if summary.get("stop_reason"):
         line += f"; stopped: {summary['stop_reason']}"
     return line

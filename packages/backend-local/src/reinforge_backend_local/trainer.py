@@ -20,7 +20,7 @@ import torch
 
 from reinforge.plugin import BatchResult
 
-from .algorithms import LossSettings, advantages, resolve, zero_variance
+from .algorithms import LossSettings, advantages, call_advantages, resolve, zero_variance
 
 
 @dataclass
@@ -45,6 +45,11 @@ def build_samples(
 ) -> Samples:
     """Advantages per group, then one sample per recorded model call.
 
+    With ``multi_step_grpo``, a call that carries its own reward
+    (``call.reward``, from ``WorkflowOutput.call_rewards``) also gets its
+    group-relative call advantage (:func:`~.algorithms.call_advantages`); a
+    group whose trajectory rewards are equal still trains when its call rewards differ.
+
     :param algo: core's ``AlgorithmConfig``.
     :param settings: the algorithm's loss settings (``job.algorithm_settings``); by default
         checked from ``algo``'s own keys.
@@ -55,20 +60,27 @@ def build_samples(
     groups = [g for g in result.groups if g.kept]
     out.groups = len(groups)
     group_relative = name != "reinforce_pp"
+    multi_step = name == "multi_step_grpo"
+    call_weight = float(getattr(settings, "call_reward_weight", 0.0)) if multi_step else 0.0
     scored = []
     for g in groups:
         rewards = [_reward(t) for t in g.kept]
-        if group_relative and (len(rewards) < 2 or zero_variance(rewards)):
+        rewarded = [c for t in g.kept for c in _trained_calls(t) if getattr(c, "reward", None) is not None]
+        call_signal = call_weight > 0 and len(rewarded) > 1 and not zero_variance([c.reward for c in rewarded])
+        if group_relative and (len(rewards) < 2 or zero_variance(rewards)) and not call_signal:
             out.zero_variance_groups += 1
             continue
-        scored.append((g, rewards))
+        scored.append((g, rewards, rewarded if call_weight > 0 else []))
     if not scored:
         return out
-    advs = advantages(name, [r for _, r in scored], settings.scale)
-    multi_step = name == "multi_step_grpo"
-    for (g, _), group_adv in zip(scored, advs):
+    advs = advantages(name, [r for _, r, _ in scored], settings.scale)
+    per_call: dict[int, float] = {}
+    if call_weight > 0:
+        call_advs = call_advantages([[c.reward for c in rc] for _, _, rc in scored], settings.scale, call_weight)
+        per_call = {id(c): a for (_, _, rc), ca in zip(scored, call_advs) for c, a in zip(rc, ca)}
+    for (g, _, _), group_adv in zip(scored, advs):
         for t, adv in zip(g.kept, group_adv):
-            calls = [c for c in t.calls if c.completion_token_ids]
+            calls = _trained_calls(t)
             if not calls:
                 continue
             for call in calls:
@@ -79,12 +91,17 @@ def build_samples(
                         list(call.prompt_token_ids),
                         list(call.completion_token_ids),
                         list(call.logprobs),
-                        adv,
+                        adv + per_call.get(id(call), 0.0),
                         1.0 / len(calls) if multi_step else 1.0,
                     )
                 )
             out.advantages.append(adv)
     return out
+
+
+def _trained_calls(t: Any) -> list[Any]:
+    """The calls of a trajectory that produced tokens (the ones a sample is made of)."""
+    return [c for c in t.calls if c.completion_token_ids]
 
 
 def _reward(t: Any) -> float:

@@ -649,6 +649,11 @@ class EvalConfig(Settings):
     split: str = "test"
     limit: int | None = None
     group_size: int = 1
+    # the tool-use rate: the share of evaluated tasks whose workflow metric ``tool_use_metric`` is
+    # positive, counting only tasks whose ``tool_use_field`` is true (those that need a tool) when
+    # they have that field; reported when some trajectory has the metric (the react workflow's used_tool)
+    tool_use_metric: str | None = "used_tool"
+    tool_use_field: str | None = "needs_tool"
 
     def check(self) -> None:
         finite("threshold", self.threshold)

@@ -30,6 +30,8 @@ class EvalReport:
         whole (no split named).
     :ivar trajectories: the kept (scored) trajectories.
     :ivar discarded_trajectories: the discarded ones (failed, or in a dropped group).
+    :ivar tool_use: the tool-use rate on tasks that need a tool (:func:`tool_use_of`,
+        ``eval.tool_use_metric``), None when the workflow reports no such metric.
     """
 
     accuracy: float | None
@@ -47,6 +49,7 @@ class EvalReport:
     trajectories: list[Any] = field(default_factory=list, repr=False)
     discarded_trajectories: list[Any] = field(default_factory=list, repr=False)
     groups: list[Any] = field(default_factory=list, repr=False)
+    tool_use: float | None = None
 
     def __post_init__(self) -> None:
         if not self.dimensions:
@@ -57,6 +60,7 @@ class EvalReport:
         return {
             "accuracy": self.accuracy,
             "accuracy_key": self.accuracy_key,
+            "tool_use": self.tool_use,
             "threshold": self.threshold,
             "split": self.split,
             "dataset": self.dataset,
@@ -179,6 +183,25 @@ def accuracy_of(result: BatchResult, key: str, threshold: float) -> float | None
     return hits / len(kept)
 
 
+def tool_use_of(result: BatchResult, metric: str | None, task_field: str | None = None) -> float | None:
+    """Share of scored rollouts whose workflow metric ``metric`` is positive (a tool was used).
+
+    Only tasks that need a tool count: those whose ``task_field`` is true, or
+    that lack the field. None when no rollout reports the metric (a workflow
+    without tools) or no task needs a tool.
+    """
+    if not metric or not any(metric in t.metrics for t in result.trajectories):
+        return None
+    counted = [
+        t
+        for t in result.trajectories
+        if not task_field or not isinstance(t.task, dict) or bool(t.task.get(task_field, True))
+    ]
+    if not counted:
+        return None
+    return sum(float(t.metrics.get(metric) or 0.0) > 0 for t in counted) / len(counted)
+
+
 def evaluate(
     run: RunConfig,
     *,
@@ -205,6 +228,7 @@ def evaluate(
         result = runner.run(rows)
         report = EvalReport(
             accuracy=accuracy_of(result, run.eval.accuracy_key, run.eval.threshold),
+            tool_use=tool_use_of(result, run.eval.tool_use_metric, run.eval.tool_use_field),
             accuracy_key=run.eval.accuracy_key,
             threshold=run.eval.threshold,
             tasks=len(rows),

@@ -75,6 +75,7 @@ class ModelCall:
     sampling: dict[str, Any] = field(default_factory=dict)
     started_at: float = 0.0
     seconds: float = 0.0
+    reward: float | None = None  # this call's own reward (``WorkflowOutput.call_rewards``), if any
 
     @property
     def prompt_token_ids(self) -> list[int] | None:
@@ -106,6 +107,7 @@ class ModelCall:
             "logprobs": r.logprobs,
             "policy_version": r.policy_version,
             "seconds": self.seconds,
+            "reward": self.reward,
         }
 
 

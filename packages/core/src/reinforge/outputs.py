@@ -41,7 +41,12 @@ class WorkflowOutput:
     """Result of running the agent on one task.
 
     A ``reward`` set here skips the judges (the workflow scored itself, e.g.
-    from environment feedback).
+    from environment feedback). ``call_rewards`` gives some model calls a
+    reward of their own (a well-formed tool call, a failed one), one entry per
+    call the rollout made, in order, ``None`` for a call without one; the
+    runner puts each on its :class:`~reinforge.ModelCall` (``call.reward``)
+    and an algorithm that credits turns (backend-local's ``multi_step_grpo``)
+    adds it to that call's advantage only.
     """
 
     response: Any = None
@@ -49,11 +54,17 @@ class WorkflowOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     status: TaskStatus = TaskStatus.SUCCESS
     error: str | None = None
+    call_rewards: list[float | None] | None = None
 
     def __post_init__(self) -> None:
         self.status = TaskStatus(self.status)
         if self.reward is not None:
             self.reward = _check_number("WorkflowOutput", "reward", self.reward)
+        if self.call_rewards is not None:
+            self.call_rewards = [
+                None if r is None else _check_number("WorkflowOutput", f"call_rewards[{i}]", r)
+                for i, r in enumerate(self.call_rewards)
+            ]
 
 
 @dataclass

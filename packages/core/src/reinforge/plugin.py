@@ -60,7 +60,7 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin module that imp
         RewardError,
         require,
     )
-    from .evaluation import accuracy_of, check_accuracy_key
+    from .evaluation import accuracy_of, check_accuracy_key, tool_use_of
     from .job import TuneJob, build_composer, build_job
     from .lifecycle import RunContext, RunStatus
     from .litellm_model import LiteLLMChatModel
@@ -97,6 +97,7 @@ _LAZY = {
     "RewardError": ("errors", "RewardError"),
     "require": ("errors", "require"),
     "accuracy_of": ("evaluation", "accuracy_of"),
+    "tool_use_of": ("evaluation", "tool_use_of"),
     "check_accuracy_key": ("evaluation", "check_accuracy_key"),
     "LiteLLMChatModel": ("litellm_model", "LiteLLMChatModel"),
     "RecordingChatModel": ("models", "RecordingChatModel"),
@@ -174,6 +175,7 @@ __all__ = [
     "Settings",
     "TuneJob",
     "accuracy_of",
+    "tool_use_of",
     "at_least",
     "build_component",
     "build_composer",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import RunnerConfig
-from .errors import ReinforgeError, RunnerError, attributed
+from .errors import ReinforgeError, RewardError, RunnerError, attributed
 from .models import ChatModel, RecordingChatModel
 from .outputs import GroupRewardOutput, TaskStatus
 from .retry import call_with_retries
@@ -247,6 +247,8 @@ class Runner:
                     continue
                 t.response, preset = out.response, out.reward
                 t.metrics.update({k: float(v) for k, v in out.metrics.items()})
+                if out.call_rewards is not None:
+                    self._put_call_rewards(t, out.call_rewards)
             score = await self.composer.score(
                 t.task,
                 t.response,
@@ -272,6 +274,16 @@ class Runner:
         return Score(status=TaskStatus.FAILED, error=t.error)
 
     # -- metrics ----------------------------------------------------------------------------
+
+    def _put_call_rewards(self, t: Trajectory, rewards: list[float | None]) -> None:
+        """Each of ``WorkflowOutput.call_rewards`` onto its recorded call; a count that does not match is a bug."""
+        if len(rewards) != len(t.calls):
+            raise RewardError(
+                f"workflow {self.workflow.name}: call_rewards has {len(rewards)} entries but the rollout made "
+                f"{len(t.calls)} model calls (task {t.task_index}); give one per call, None for a call without one"
+            )
+        for call, reward in zip(t.calls, rewards):
+            call.reward = reward
 
     def summarize(self, result: BatchResult) -> dict[str, float]:
         """Batch metrics under stable names: reward and every dimension's mean/std/min/max."""

@@ -92,6 +92,7 @@ class ReActResult:
     metrics: dict[str, float] = field(default_factory=dict)
     status: TaskStatus = TaskStatus.SUCCESS
     error: str | None = None
+    call_rewards: list[float | None] | None = None  # one per model call, from ``turn_rewards``
 
     def get_text_content(self) -> str:
         return self.final_answer or ""
@@ -109,8 +110,14 @@ class ReActResult:
         return bool(self.tool_steps)
 
     def to_workflow_output(self) -> WorkflowOutput:
-        """``WorkflowOutput(response=self, metrics=...)``; FAILED only when a model call failed."""
-        return WorkflowOutput(response=self, metrics=dict(self.metrics), status=self.status, error=self.error)
+        """``WorkflowOutput(response=self, metrics=..., call_rewards=...)``; FAILED only when a model call failed."""
+        return WorkflowOutput(
+            response=self,
+            metrics=dict(self.metrics),
+            status=self.status,
+            error=self.error,
+            call_rewards=self.call_rewards,
+        )
 
     def transcript(self, max_chars: int = 2000) -> str:
         """The conversation, one message per block, for reading."""
@@ -163,6 +170,15 @@ class ReActAgent:
     :param stop: stop sequences sent with the text formats, so the model does
         not write the observation itself; ``None`` sends none.
     :param sampling: extra sampling parameters for every call (temperature, ...).
+    :param few_shot: demonstration turns (chat messages, ending with the
+        assistant's) placed between the system message and the question: a
+        worked episode shown as real turns is what a small model copies; the
+        same instructions as system text are mostly ignored.
+    :param turn_rewards: a reward per kind of action (``tool``, ``tool_error``,
+        ``tool_timeout``, ``unknown_tool``, ``invalid``, ``final``) given to the
+        model call that took it (``WorkflowOutput.call_rewards``; a turn's
+        actions add up, a turn without a listed kind gets none), for
+        algorithms that credit turns (``multi_step_grpo``).
     :param registry: where tool names are looked up (when None and ``tools``
         names one, the installed plugins' tools, in a registry built for this agent).
     :param base_dir: a folder put on ``sys.path`` while ``module:attr`` tools import.
@@ -184,6 +200,8 @@ class ReActAgent:
         protocol_prompt: str | None = None,
         stop: Sequence[str] | None = DEFAULT_STOP,
         sampling: dict[str, Any] | None = None,
+        few_shot: Sequence[dict[str, Any]] | None = None,
+        turn_rewards: dict[str, float] | None = None,
         registry: ToolRegistry | None = None,
         base_dir: str | None = None,
         logger: logging.Logger | None = None,
@@ -199,6 +217,8 @@ class ReActAgent:
             protocol_prompt=protocol_prompt,
             stop=stop,  # type: ignore[arg-type]  # a sequence or one string; the settings make it a list
             sampling=sampling,
+            few_shot=[dict(m) for m in few_shot or ()],
+            turn_rewards=dict(turn_rewards) if turn_rewards else None,
         )
         self.model = model
         self.tools: list[Tool] = resolve_tools(tools, registry, base_dir=base_dir)
@@ -214,6 +234,8 @@ class ReActAgent:
         self.protocol_prompt = checked.protocol_prompt
         self.stop = list(checked.stop) if checked.stop else None
         self.sampling = dict(checked.sampling or {})
+        self.few_shot = checked.few_shot
+        self.turn_rewards = checked.turn_rewards
         self.logger = logger or logging.getLogger("reinforge_rollouts_react")
 
     # -- prompts -------------------------------------------------------------------------------
@@ -234,7 +256,7 @@ class ReActAgent:
         return "\n\n".join(p for p in (self.sys_prompt.strip(), protocol) if p)
 
     def initial_messages(self, question: str | Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        """System message, then the question (a string or OpenAI messages; their system text joins ours)."""
+        """System message, the few-shot turns, then the question (text or OpenAI messages; their system text joins ours)."""
         system = self.system_prompt()
         if isinstance(question, str):
             rest = [{"role": "user", "content": question}]
@@ -243,7 +265,8 @@ class ReActAgent:
             extra = [str(m.get("content") or "") for m in rest if m.get("role") == "system"]
             rest = [m for m in rest if m.get("role") != "system"]
             system = "\n\n".join(p for p in (system, *extra) if p)
-        return ([{"role": "system", "content": system}] if system else []) + rest
+        shots = [dict(m) for m in self.few_shot]
+        return ([{"role": "system", "content": system}] if system else []) + shots + rest
 
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         return [t.schema() for t in self.tools] if self.native and self.tools else None
@@ -295,7 +318,18 @@ class ReActAgent:
             "tool_latency": timing["tool"],
             **{f"finish_reason/{r}": float(result.finish_reason == r) for r in FINISH_REASONS},
         }
+        if self.turn_rewards and result.status is TaskStatus.SUCCESS:
+            result.call_rewards = self._call_rewards(result, turn)
         return result
+
+    def _call_rewards(self, result: ReActResult, turns: int) -> list[float | None]:
+        """The reward of each turn's model call: the ``turn_rewards`` of the actions it took, summed."""
+        rewards: list[float | None] = [None] * turns
+        for step in result.steps:
+            value = (self.turn_rewards or {}).get(step.kind)
+            if value is not None and 1 <= step.turn <= turns:
+                rewards[step.turn - 1] = (rewards[step.turn - 1] or 0.0) + value
+        return rewards
 
     async def _text_turn(
         self, turn: int, response: ChatResponse, result: ReActResult, counts: dict[str, int], timing: dict[str, float]

@@ -31,6 +31,8 @@ _THOUGHT = re.compile(rf"(?i)(?:^|(?<=\s)|(?<=\*))thought(?:\s*\d+)?{_B}:[*_]*")
 _NEXT_MARKER = re.compile(rf"(?im)^{_B}(?:thought|observation|final[\s_]*answer|action)\b")
 _FENCE = re.compile(r"```[A-Za-z]*\s*(.*?)```", re.S)
 _BRACKET_CALL = re.compile(r"^([A-Za-z0-9_.-]+)\s*[\[(](.*)[\])]\s*$", re.S)
+# {"expression": 616 * 28}: one key whose value lost its quotes (small models drop them)
+_LOOSE_OBJECT = re.compile(r"""^\{\s*(["']?)([A-Za-z_][A-Za-z0-9_]*)\1\s*:\s*([^"'{}]+?)\s*\}$""", re.S)
 
 _TOOL_KEYS = ("action", "tool", "tool_name", "name", "function")
 _INPUT_KEYS = ("action_input", "arguments", "args", "input", "parameters", "tool_input")
@@ -68,7 +70,11 @@ def _strip_fence(text: str) -> str:
 
 
 def parse_input(raw: Any) -> Any:
-    """An ``Action Input`` as data: a JSON (or Python literal) object/value when it is one, else the text."""
+    """An ``Action Input`` as data: a JSON (or Python literal) object/value when it is one, else the text.
+
+    A one-key object whose value lost its quotes (``{"expression": 616 * 28}``)
+    is read as that key with the value's text.
+    """
     if not isinstance(raw, str):
         return raw
     text = _strip_fence(raw)
@@ -83,6 +89,9 @@ def parse_input(raw: Any) -> Any:
             return value
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
         return text[1:-1]
+    loose = _LOOSE_OBJECT.match(text)
+    if loose is not None:
+        return {loose.group(2): loose.group(3)}
     return text
 
 

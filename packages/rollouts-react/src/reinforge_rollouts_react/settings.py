@@ -19,10 +19,12 @@ from reinforge.plugin import FieldError, Settings, at_least, finite, one_of
 
 from .prompts import DEFAULT_SYS_PROMPT
 
-__all__ = ["ACTION_FORMATS", "DEFAULT_STOP", "ReactSettings"]
+__all__ = ["ACTION_FORMATS", "DEFAULT_STOP", "STEP_KINDS", "ReactSettings", "check_few_shot"]
 
 ACTION_FORMATS = ("auto", "native", "text", "json")
 DEFAULT_STOP: tuple[str, ...] = ("\nObservation:",)
+# what one action of an episode came to (``Step.kind``): the keys of ``turn_rewards``
+STEP_KINDS = ("tool", "tool_error", "tool_timeout", "unknown_tool", "invalid", "final")
 
 
 @dataclass
@@ -47,6 +49,8 @@ class ReactSettings(Settings):
     protocol_prompt: str | None = None
     stop: list[str] | None = field(default_factory=lambda: list(DEFAULT_STOP))
     sampling: dict[str, Any] | None = None
+    few_shot: list[dict[str, Any]] = field(default_factory=list)
+    turn_rewards: dict[str, float] | None = None
 
     def _prepare(self) -> None:
         from .tools import Tool
@@ -66,6 +70,10 @@ class ReactSettings(Settings):
         finite("tool_timeout", self.tool_timeout)
         at_least("tool_timeout", self.tool_timeout, 0, strict=True)
         at_least("max_observation_chars", self.max_observation_chars, 1)
+        check_few_shot(self.few_shot)
+        for kind, value in (self.turn_rewards or {}).items():
+            one_of(f"turn_rewards.{kind}", kind, STEP_KINDS)
+            finite(f"turn_rewards.{kind}", value)
         if self.tools:
             from .registry import check_tool_entries
 
@@ -85,4 +93,29 @@ class ReactSettings(Settings):
             "protocol_prompt": self.protocol_prompt,
             "stop": self.stop,
             "sampling": self.sampling,
+            "few_shot": self.few_shot,
+            "turn_rewards": self.turn_rewards,
         }
+
+
+FEW_SHOT_ROLES = ("user", "assistant", "tool")
+
+
+def check_few_shot(messages: Any, key: str = "few_shot") -> None:
+    """Demonstration turns are chat messages: ``{"role": user|assistant|tool, "content": "<text>"}``, ...
+
+    They are the conversation a small model copies, so the list must end with
+    an assistant turn (the question that follows is the user's).
+    """
+    if not isinstance(messages, list):
+        raise FieldError(key, f"must be a list of chat messages, got {type(messages).__name__}")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or m.get("role") not in FEW_SHOT_ROLES:
+            raise FieldError(
+                f"{key}[{i}]", f"must be a message with role one of {', '.join(FEW_SHOT_ROLES)}, got {m!r}"
+            )
+        content = m.get("content")
+        if not isinstance(content, str) and not (m.get("role") == "assistant" and m.get("tool_calls")):
+            raise FieldError(f"{key}[{i}].content", f"must be text, got {type(content).__name__}")
+    if messages and messages[-1].get("role") != "assistant":
+        raise FieldError(key, "must end with an assistant message (the real question comes next, as the user's)")

@@ -74,6 +74,8 @@ async def react_workflow(
     protocol_prompt: str | None = None,
     stop: Sequence[str] | None = DEFAULT_STOP,
     sampling: dict[str, Any] | None = None,
+    few_shot: Sequence[dict[str, Any]] | None = None,
+    turn_rewards: dict[str, float] | None = None,
 ) -> WorkflowOutput:
     """Run one ReAct episode on ``task[question_field]``.
 
@@ -97,6 +99,8 @@ async def react_workflow(
         protocol_prompt=protocol_prompt,
         stop=stop,
         sampling=sampling,
+        few_shot=few_shot,
+        turn_rewards=turn_rewards,
         logger=logger,
     )
     result = await agent.run(task_question(task, question_field))
