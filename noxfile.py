@@ -262,6 +262,7 @@ AGENTSCOPE_TESTS = (
     "core/tests/test_agentscope_model.py",
     "backend-local/tests/test_agentscope_tutorial.py",
     "backend-local/tests/test_serve_agentscope.py",
+    "backend-local/tests/test_agentscope_react_example.py",
 )
 
 
