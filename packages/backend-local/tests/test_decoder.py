@@ -148,3 +148,69 @@ def test_other_architectures_fall_back_to_the_hf_forward():
     assert engine.decoder is None and "gpt2" in engine.slow_reason
     out = engine.generate([GenRequest([5, 6, 7], 3, temperature=0.0), GenRequest([8, 9], 3, temperature=0.0)])
     assert all(1 <= len(r.token_ids) <= 3 for r in out)
+
+
+def test_an_episode_reuses_its_conversation_so_far_and_gets_the_logits_of_a_fresh_prefill(policy):
+    """Within-episode KV reuse: turn 2 copies turn 1's keys and values and runs only what is new."""
+    from reinforge_backend_local.decoder import KnownTokens
+
+    model, tok = policy
+    questions = ("What is 347 * 28?", "What is 9 + 4?", "What is 5120 - 318?")
+    first = [_prompt(tok, q) for q in questions]
+    dec = LlamaDecoder(model)
+    fed = [[1000 + 37 * r + 11 * k for k in range(4)] for r in range(3)]
+    with torch.inference_mode():
+        turn1 = dec.session()
+        turn1.prefill(first, [0, 1, 2], capacity=5)
+        for k in range(4):
+            turn1.step(torch.tensor([fed[r][k] for r in range(3)]))
+        shared = turn1.shared
+        assert shared > 0
+        known = []
+        for r in range(3):  # as the engine keeps them: the batch's prefix once, each row's own tail
+            k_all, v_all = turn1.row_kv(r)
+            k_tail, v_tail = turn1.row_kv(r, shared)
+            assert torch.equal(k_all[:, :, shared:], k_tail) and k_all.shape[2] == len(first[r]) + 4
+            known.append(KnownTokens([(0, k_all[:, :, :shared], v_all[:, :, :shared]), (shared, k_tail, v_tail)], 0))
+        # turn 2: the conversation so far plus an observation of a different length per row
+        second = [first[r] + fed[r] + list(range(2000, 2000 + 3 + 5 * r)) for r in range(3)]
+        for r in range(3):
+            known[r].length = len(first[r]) + 4
+        reused = dec.session()
+        got = reused.prefill(second, [0, 1, 2], capacity=3, known=known)
+        fresh = dec.session()
+        expected = fresh.prefill(second, [0, 1, 2], capacity=3)
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+        torch.testing.assert_close(got, _reference_logits(model, second), atol=ATOL, rtol=0)
+        feed = torch.tensor([3000, 3001, 3002])
+        torch.testing.assert_close(reused.step(feed), fresh.step(feed), atol=ATOL, rtol=0)
+        # a known part that stops early (the template re-rendered the last turn differently) is used up to there
+        known[1].length = len(first[1]) - 2
+        partial = dec.session().prefill(second, [0, 1, 2], capacity=1, known=known)
+        torch.testing.assert_close(partial, expected, atol=ATOL, rtol=0)
+
+
+def test_the_engine_reuses_an_episode_until_it_is_forgotten(policy):
+    model, tok = policy
+    prompts = [_prompt(tok, q) for q in ("What is 7 + 5?", "What is 30 + 12?")]
+    engine = Engine(model, tok, max_model_len=512, packer=Packer())
+    plain = Engine(model, tok, max_model_len=512, packer=Packer())
+    plain.episodes = None  # reuse off
+    turn1 = [GenRequest(p, 6, temperature=0.0, episode=("rollout", i)) for i, p in enumerate(prompts)]
+    a1, b1 = engine.generate(turn1), plain.generate(turn1)
+    assert [r.token_ids for r in a1] == [r.token_ids for r in b1]
+    assert engine.episode_bytes > 0 and engine.stats.episode_tokens_reused == 0
+    observation = tok.encode("\nObservation: 42\n", add_special_tokens=False)
+    turn2 = [
+        GenRequest(p + r.token_ids + observation, 6, temperature=0.0, episode=("rollout", i))
+        for i, (p, r) in enumerate(zip(prompts, a1))
+    ]
+    a2, b2 = engine.generate(turn2), plain.generate(turn2)
+    assert [r.token_ids for r in a2] == [r.token_ids for r in b2]
+    for x, y in zip(a2, b2):
+        assert x.logprobs == pytest.approx(y.logprobs, abs=1e-3)
+    # every token of turn 1 but its last sampled one (never fed) came from the episode
+    assert engine.stats.episode_tokens_reused == sum(len(p) + len(r.token_ids) - 1 for p, r in zip(prompts, a1))
+    for i in range(2):
+        engine.forget(("rollout", i))
+    assert engine.episodes == {} and engine.episode_bytes == 0

@@ -108,3 +108,50 @@ def test_the_trainer_takes_typed_algorithm_settings_or_checks_the_config_keys(lo
     assert trainer.name == "reinforce_pp" and trainer.settings.kl_coef == 0.05
     with pytest.raises(ConfigError, match=r"algorithm\.max_grad_norm: must be greater than 0"):
         Trainer(model, AlgorithmConfig(max_grad_norm=0.0), temperature=1.0, pad_id=2, peft=True)
+
+
+def test_a_shared_prompt_prefix_runs_once_with_the_same_loss_and_lora_gradients(lora_policy):
+    """Prefix sharing in training is exact: the rows' gradients through the one prefix forward add up."""
+    from reinforge_backend_local.trainer import shared_prefix
+
+    model, tokenizer = lora_policy
+    template = ChatTemplate(tokenizer, 512)
+    system = (
+        "You solve arithmetic problems. Use the calculator for anything harder than adding two one-digit "
+        "numbers, then give the final answer as a number."
+    )
+    questions = ("What is 347 * 28?", "What is 9 + 4?", "What is 5120 - 318?")
+    prompts = [
+        template.prompt_ids([{"role": "system", "content": system}, {"role": "user", "content": q}]) for q in questions
+    ]
+    completions = [[1000 + i for i in range(n)] for n in (5, 9, 3)]
+    batch = [Sample(p, c, [-1.0] * len(c), a) for p, c, a in zip(prompts, completions, (1.0, -0.5, 0.25))]
+    assert shared_prefix(batch) >= 30
+    lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    saved = {n: p.detach().clone() for n, p in lora.items()}
+    torch.manual_seed(0)
+    with torch.no_grad():  # a trained adapter, so gradients reach A as well as B
+        for p in lora.values():
+            p.add_(torch.randn_like(p) * 0.02)
+    try:
+        results = []
+        for share in (True, False):
+            trainer = Trainer(
+                model, AlgorithmConfig(group_size=2), temperature=1.0, pad_id=2, peft=True, share_prefix=share
+            )
+            model.zero_grad(set_to_none=True)
+            loss, _ = trainer._batch_loss(batch, *trainer._totals(batch))
+            loss.backward()
+            logp = trainer._forward_logprobs(model, batch)[0].detach()
+            results.append((loss.detach(), logp, {n: p.grad.detach().clone() for n, p in lora.items()}))
+        (loss_s, logp_s, grads_s), (loss_p, logp_p, grads_p) = results
+        torch.testing.assert_close(logp_s, logp_p, atol=1e-4, rtol=0)
+        torch.testing.assert_close(loss_s, loss_p, atol=1e-5, rtol=0)
+        for n in lora:  # gradients are O(1e-2..1); float32 summation order differs between the two layouts
+            torch.testing.assert_close(grads_s[n], grads_p[n], atol=1e-5, rtol=1e-3)
+        assert any(bool(g.abs().sum() > 0) for n, g in grads_s.items() if "lora_A" in n)
+    finally:
+        with torch.no_grad():
+            for n, p in lora.items():
+                p.copy_(saved[n])
+        model.zero_grad(set_to_none=True)

@@ -40,6 +40,7 @@ class LocalSettings(Settings):
     progress: bool = True
     report: bool = True  # the end-of-run report (reinforge-report), through summary["write_report"]
     max_minutes: float | None = None  # stop training after this much wall time (then evaluate and save)
+    eval_sampled: bool = True  # evaluations also sample at the run's temperature (accuracy/sampled); false: greedy only
     device: str = "auto"  # auto (the first GPU when CUDA is available, else the CPU), cpu, cuda or cuda:N
 
     def check(self) -> None:

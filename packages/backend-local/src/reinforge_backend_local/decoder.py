@@ -15,6 +15,7 @@ so the decoder is exact whether or not the caller merged them.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +193,34 @@ class KVCache:
 Prefix = tuple[tuple[int, ...], torch.Tensor, torch.Tensor]  # token ids, keys and values (layers, 1, heads, n, dim)
 
 
+class KnownTokens:
+    """Keys and values already computed for the first ``length`` tokens of a prompt (an episode's last call).
+
+    Held as pieces covering consecutive positions from 0, e.g. a batch's shared prefix (one
+    object for all its rows) and one row's own tail, so episodes do not each copy the prefix.
+    """
+
+    def __init__(self, pieces: Sequence[tuple[int, torch.Tensor, torch.Tensor]], length: int) -> None:
+        self.pieces = list(pieces)  # (first position, keys, values), keys (layers, heads, n, dim)
+        self.length = length
+
+    def kv(self, a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions ``a:b`` (layers, heads, b - a, dim)."""
+        ks, vs = [], []
+        for first, k, v in self.pieces:
+            lo, hi = max(a, first), min(b, first + k.shape[2])
+            if lo < hi:
+                ks.append(k[:, :, lo - first : hi - first])
+                vs.append(v[:, :, lo - first : hi - first])
+        if sum(k.shape[2] for k in ks) != b - a:
+            raise ValueError(f"positions {a}:{b} are not all known (known: {self.length})")
+        return (ks[0], vs[0]) if len(ks) == 1 else (torch.cat(ks, dim=2), torch.cat(vs, dim=2))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for _, k, _ in self.pieces)
+
+
 class LlamaDecoder:
     """Prefill and one-token steps for a Llama-family causal LM; weights are read at ``session`` time."""
 
@@ -256,6 +285,7 @@ class DecodeSession:
         self.start: torch.Tensor | None = None  # first slot of each row's sequence (rows that joined later start later)
         self.slot = 0  # next slot to write (the same for every row)
         self.computed_prefix: Prefix | None = None  # the shared prefix the last prefill computed, for reuse
+        self.shared = 0  # the shared prefix length of the last prefill
         self.prefix_hits = 0  # prompt tokens whose keys and values were reused, not computed
 
     def fresh(self) -> DecodeSession:
@@ -330,15 +360,20 @@ class DecodeSession:
         *,
         row_capacity: int | None = None,
         prefix: Prefix | None = None,
+        known: Sequence[KnownTokens | None] | None = None,
     ) -> torch.Tensor:
         """Prefill the distinct ``prompts``; row ``r`` continues prompt ``row_src[r]``.
 
         ``capacity`` is the number of new tokens the cache must hold (``row_capacity``: the
         rows it is allocated for, so later joins fit in place). ``prefix`` (token ids and their
         keys and values, from an earlier prefill's :attr:`computed_prefix`) is reused where the
-        prompts' shared prefix starts with it. Returns the next-token logits of every row.
+        prompts' shared prefix starts with it. ``known[j]`` holds keys and values already
+        computed for the first tokens of prompt ``j`` (an episode's conversation so far,
+        :class:`KnownTokens`): they are copied in and only the tokens after them are run
+        (the widest such tail sets the pass's width). Returns the next-token logits of every row.
         """
         dec, dev = self.dec, self.device
+        episodes = known  # ``known`` below is the length of the reused shared prefix
         u = len(prompts)
         shortest = min(map(len, prompts))
         reusable = prefix is not None and len(prefix[0]) < shortest and list(prefix[0]) == prompts[0][: len(prefix[0])]
@@ -348,6 +383,7 @@ class DecodeSession:
             shared = min(len(os.path.commonprefix(prompts)), shortest - 1)
         if shared < MIN_SHARED_PREFIX:
             shared = 0
+        self.shared = shared  # the prompts' shared prefix (prefilled once for all rows)
         suffixes = [p[shared:] for p in prompts]
         width = max(map(len, suffixes))
         pre = shared + width  # slots taken by the prompts
@@ -393,7 +429,12 @@ class DecodeSession:
         see = (causal.unsqueeze(0) & valid.unsqueeze(1)) | torch.eye(width, dtype=torch.bool, device=dev).unsqueeze(0)
         see = torch.cat([torch.ones((u, width, shared), dtype=torch.bool, device=dev), see], dim=2)
         add = torch.zeros(see.shape, dtype=self.dtype, device=dev).masked_fill_(~see, float("-inf")).unsqueeze(1)
-        h = self._forward(ids, pos, ucache, shared, add if (shared or not bool(valid.all())) else None)
+        run = self._copy_known(episodes, suffixes, shared, width, ucache) if episodes is not None else width
+        if run < width:  # only each prompt's last ``run`` tokens are computed; the known ones before them are read
+            ids, pos, add = ids[:, width - run :], pos[:, width - run :], add[:, :, width - run :]
+            h = self._forward(ids, pos, ucache, shared + width - run, add)
+        else:
+            h = self._forward(ids, pos, ucache, shared, add if (shared or not bool(valid.all())) else None)
         logits = self._logits(h)
         if u == 1:  # all of it but the last token, for the next prefill to start from (a copy: rows move)
             n_known = len(prompts[0]) - 1
@@ -415,6 +456,39 @@ class DecodeSession:
         self.pos = torch.tensor([len(prompts[s]) for s in row_src], device=dev)
         self.start = torch.zeros(n, dtype=torch.long, device=dev)
         return logits
+
+    def _copy_known(
+        self, known: Sequence[KnownTokens | None], suffixes: list[list[int]], shared: int, width: int, ucache: KVCache
+    ) -> int:
+        """Copy each prompt's known keys and values after the shared prefix into its slots; the tokens left to run.
+
+        Prompt ``j``'s suffix sits at slots ``shared + width - len(suffix)`` onwards; the
+        keys of its first ``n`` suffix tokens come from ``known[j]`` (at least the last
+        token is always run, for its logits). Returns the widest number of tokens to run.
+        """
+        run = 1
+        for j, (s, kn) in enumerate(zip(suffixes, known)):
+            n = 0 if kn is None else max(0, min(kn.length, shared + len(s) - 1) - shared)
+            if n:
+                assert kn is not None
+                k, v = kn.kv(shared, shared + n)
+                at = shared + width - len(s)
+                ucache.k[:, j, :, at : at + n] = k
+                ucache.v[:, j, :, at : at + n] = v
+            run = max(run, len(s) - n)
+        return min(run, width)
+
+    def row_kv(self, row: int, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of positions ``start`` onwards of one row so far, in order: (layers, heads, n, dim) each.
+
+        What the row's prompt and fed tokens left in the cache (the last sampled token is not
+        fed yet), for :class:`KnownTokens` of the next call of the same episode.
+        """
+        assert self.cache is not None and self.mask is not None and self.pos is not None
+        slots = torch.nonzero(self.mask[row, : self.slot] == 0).flatten()
+        assert slots.numel() == int(self.pos[row]), "a row's readable slots are its positions"
+        slots = slots[start:]
+        return self.cache.k[:, row].index_select(2, slots), self.cache.v[:, row].index_select(2, slots)
 
     # -- continuous batching -------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import functools
 import inspect
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ class GenRequest:
     seed_key: tuple = ()
     order_key: tuple = ()
     top_logprobs: int = 0  # alternatives to report per token (the server's ``top_logprobs``)
+    episode: Any = None  # the rollout this call belongs to: its next call reuses this one's keys and values
 
 
 @dataclass
@@ -52,6 +54,7 @@ class EngineStats:
     rows: int = 0
     completion_tokens: int = 0
     prefill_tokens: int = 0
+    episode_tokens_reused: int = 0  # prompt tokens whose keys and values came from the episode's last call
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
@@ -60,6 +63,7 @@ class EngineStats:
             "decode/rows": self.rows,
             "decode/completion_tokens": self.completion_tokens,
             "decode/prefill_tokens": self.prefill_tokens,
+            "decode/episode_tokens_reused": self.episode_tokens_reused,
             "decode/seconds": self.seconds,
             "decode/tokens_per_s": self.completion_tokens / self.seconds if self.seconds else 0.0,
         }
@@ -110,9 +114,14 @@ class Engine:
         self.stats = EngineStats()
         self.lock = threading.Lock()  # one generation at a time (training runs between rollout phases)
         self.weights_version = 0  # +1 whenever the weights change under a server (cached prefixes go stale)
+        # an episode's conversation so far (keys and values of its last call), for its next call; None: off
+        self.episodes: dict[Any, tuple[tuple[int, ...], Any, int]] | None = {} if self.decoder is not None else None
+        self.episode_bytes = 0
+        self._episodes_lock = threading.Lock()  # the decode thread keeps them, the rollouts' loop drops them
 
     def weights_changed(self) -> None:
         self.weights_version += 1
+        self.forget_all()
 
     def _session(self) -> Any:
         return self.decoder.session() if self.decoder is not None else _HFSession(self)
@@ -137,6 +146,69 @@ class Engine:
         parts.append(part)
         return parts
 
+    # -- episodes: the next call of a rollout reuses its conversation so far -----------------------
+
+    def forget(self, episode: Any) -> None:
+        """Drop what an episode's calls left (its rollout ended)."""
+        if self.episodes is not None and episode is not None:
+            with self._episodes_lock:
+                entry = self.episodes.pop(episode, None)
+                if entry is not None:
+                    self.episode_bytes -= entry[2]
+
+    def forget_all(self) -> None:
+        """Drop every episode's keys and values (the weights changed: they are stale)."""
+        if self.episodes is not None:
+            with self._episodes_lock:
+                self.episodes.clear()
+                self.episode_bytes = 0
+
+    def _known(self, requests: list[GenRequest], row_src: list[int], prompts: list[list[int]]) -> list[Any]:
+        """For each distinct prompt, the keys and values its episode's last call left, if it continues that call."""
+        from .decoder import KnownTokens
+
+        assert self.episodes is not None
+        known: list[Any] = [None] * len(prompts)
+        for r, j in zip(requests, row_src):
+            with self._episodes_lock:
+                entry = self.episodes.get(r.episode) if r.episode is not None else None
+            if entry is None or known[j] is not None:
+                continue
+            tokens, kv, _ = entry
+            n = len(os.path.commonprefix([tokens, tuple(prompts[j])]))
+            if n:
+                known[j] = KnownTokens(kv.pieces, n)
+        return known
+
+    def _remember(
+        self, session: Any, requests: list[GenRequest], rows: list[int], still: list[int], tokens: list[list[int]]
+    ) -> None:
+        """Keep the keys and values of the rows that finished this step, for their episodes' next call.
+
+        The batch's shared prefix is held once for all its rows; each row adds its own tail.
+        """
+        from .decoder import KnownTokens
+
+        assert self.episodes is not None
+        going = set(still)
+        shared = None
+        for j, i in enumerate(rows):
+            r = requests[i]
+            if j in going or r.episode is None:
+                continue
+            if shared is None:
+                n = session.shared
+                k, v = session.row_kv(j)
+                shared = (n, k[:, :, :n].clone(), v[:, :, :n].clone())
+            n = shared[0]
+            k, v = session.row_kv(j, n)
+            kv = KnownTokens([(0, shared[1], shared[2]), (n, k, v)], n + k.shape[2])
+            self.forget(r.episode)
+            tail = k.numel() * k.element_size() * 2  # the shared prefix is counted by no one: it is the batch's
+            with self._episodes_lock:
+                self.episodes[r.episode] = ((*r.prompt_ids, *tokens[i][:-1]), kv, tail)
+                self.episode_bytes += tail
+
     # -- the decode loop ----------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -159,7 +231,12 @@ class Engine:
         budgets = [max(0, min(r.max_tokens, self.max_model_len - len(r.prompt_ids))) for r in requests]
         longest = max(budgets) if budgets else 0
         session = self._session()
-        logits = session.prefill(prompts, row_src, longest)
+        known = self._known(requests, row_src, prompts) if self.episodes is not None else None
+        if known is not None and any(k is not None for k in known):
+            logits = session.prefill(prompts, row_src, longest, known=known)
+            self.stats.episode_tokens_reused += sum(k.length for k in known if k is not None)
+        else:
+            logits = session.prefill(prompts, row_src, longest)
         self.stats.prefill_tokens += sum(len(p) for p in prompts)
         uniforms = torch.stack(
             [torch.rand(max(longest, 1), generator=request_generator(*r.seed_key)) for r in requests]
@@ -192,6 +269,8 @@ class Engine:
                     continue
                 still.append(j)
             step += 1
+            if self.episodes is not None:
+                self._remember(session, requests, rows, still, tokens)
             if not still:
                 break
             if len(still) != len(rows):  # finished rows leave the batch

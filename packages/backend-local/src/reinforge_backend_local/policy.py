@@ -118,6 +118,7 @@ class PolicyChatModel:
         self.api_key = "reinforge-local"
         self.defaults = dict(defaults or {})
         self._calls = itertools.count()
+        self.episode = object()  # this rollout, for the engine's kept keys and values (dropped on release)
         self._released = False
         self._on_release = on_release
         batcher.rollout_started()
@@ -128,7 +129,11 @@ class PolicyChatModel:
         """The generation request for this rollout's next call (in-process or over HTTP)."""
         prompt_ids = self.template.prompt_ids(messages, tools)
         index = next(self._calls)
-        return sampling_request(prompt_ids, sampling, self.defaults, (*self.seed_key, index), (*self.order_key, index))
+        request = sampling_request(
+            prompt_ids, sampling, self.defaults, (*self.seed_key, index), (*self.order_key, index)
+        )
+        request.episode = self.episode  # the next call continues this conversation: its keys and values are kept
+        return request
 
     async def chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **sampling: Any
@@ -140,6 +145,7 @@ class PolicyChatModel:
     def release(self) -> None:
         if not self._released:
             self._released = True
+            self.batcher.engine.forget(self.episode)
             self.batcher.rollout_finished()
             if self._on_release is not None:
                 self._on_release(self)

@@ -455,7 +455,8 @@ class TrainingSession:
         assert self.policy is not None
         record: dict[str, Any] = {"kind": "eval", "step": step, "time": time.time()}
         key, threshold = self.run.eval.accuracy_key, self.run.eval.threshold
-        for mode, temperature in (("greedy", 0.0), ("sampled", self.mc.temperature)):
+        modes = [("greedy", 0.0)] + ([("sampled", self.mc.temperature)] if self.opts.eval_sampled else [])
+        for mode, temperature in modes:
             sampling = {**self.mc.sampling(), "temperature": temperature}
             provider = self.policy.provider(("eval", mode, self.algo.seed, step), step, sampling)
             runner = self.job.make_runner(model_provider=provider, group_size=1, sampling=sampling)

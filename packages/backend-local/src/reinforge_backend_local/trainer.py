@@ -12,6 +12,7 @@ LoRA is the same network with the adapter switched off.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,18 +111,36 @@ def _reward(t: Any) -> float:
     return float(t.reward)
 
 
-def _micro_batches(samples: list[Sample], size: int, max_tokens: int | None = None) -> list[list[Sample]]:
+MIN_SHARED_TRAIN_PREFIX = 32  # shorter shared prefixes are not worth a forward of their own
+
+
+def shared_prefix(batch: list[Sample]) -> int:
+    """The prompt tokens every sample of a micro-batch starts with, when worth running once (else 0).
+
+    Each prompt keeps at least one token of its own: the first completion token's logit
+    comes from the last prompt position, which must be in the part run per row.
+    """
+    if len(batch) < 2:
+        return 0
+    n = min(len(os.path.commonprefix([s.prompt_ids for s in batch])), min(len(s.prompt_ids) for s in batch) - 1)
+    return n if n >= MIN_SHARED_TRAIN_PREFIX else 0
+
+
+def _micro_batches(
+    samples: list[Sample], size: int, max_tokens: int | None = None, shared: int = 0
+) -> list[list[Sample]]:
     """Similar lengths together (little padding); at most ``size`` sequences and ``max_tokens`` padded tokens.
 
     Activation memory grows with the padded tokens of a micro-batch, so long
     multi-turn samples go a few at a time while short ones still fill ``size``.
-    A single sequence longer than ``max_tokens`` goes alone.
+    A single sequence longer than ``max_tokens`` goes alone. ``shared`` prompt
+    tokens that every sample starts with run once per micro-batch, so they do not count.
     """
     order = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
     batches: list[list[Sample]] = []
     current: list[Sample] = []
     for s in order:
-        width = len(s.prompt_ids) + len(s.completion_ids)  # the longest so far: sorted ascending
+        width = len(s.prompt_ids) + len(s.completion_ids) - shared  # the longest so far: sorted ascending
         if current and (len(current) >= size or (max_tokens and (len(current) + 1) * width > max_tokens)):
             batches.append(current)
             current = []
@@ -153,6 +172,7 @@ class Trainer:
         micro_batch: int = 8,
         micro_batch_tokens: int | None = 1024,
         peft: bool,
+        share_prefix: bool = True,
     ) -> None:
         self.model = model
         self.algo = algo
@@ -162,6 +182,7 @@ class Trainer:
         self.micro_batch = micro_batch
         self.micro_batch_tokens = micro_batch_tokens
         self.peft = peft
+        self.share_prefix = share_prefix  # run a micro-batch's shared prompt prefix once (exact: gradients add up)
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("no trainable parameters")
@@ -175,20 +196,34 @@ class Trainer:
         The batch is laid out on the CPU and copied to the model's device once (three copies, not one per row).
         """
         dev = next(model.parameters()).device
-        seqs = [s.prompt_ids + s.completion_ids for s in batch]
+        shared = shared_prefix(batch) if self.share_prefix else 0
+        seqs = [s.prompt_ids[shared:] + s.completion_ids for s in batch]
         width = max(map(len, seqs))
         comp = max(len(s.completion_ids) for s in batch)
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        mask = torch.zeros((len(batch), shared + width), dtype=torch.long)
+        mask[:, :shared] = 1
         cmask = torch.zeros((len(batch), comp), dtype=torch.float32)
         for i, (s, seq) in enumerate(zip(batch, seqs)):
             ids[i, width - len(seq) :] = torch.tensor(seq)
-            mask[i, width - len(seq) :] = 1
+            mask[i, shared + width - len(seq) :] = 1
             cmask[i, comp - len(s.completion_ids) :] = 1
         ids, mask, cmask = ids.to(dev), mask.to(dev), cmask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp_(min=0)
+        pos = (mask.cumsum(-1) - 1).clamp_(min=0)[:, shared:]
+        past = None
+        if shared:
+            # the prompts' shared prefix (a system prompt, few-shot turns) runs once, as one row, with gradients;
+            # every row reads its keys and values (copies whose gradients add up into the one forward)
+            past = model(input_ids=ids.new_tensor([batch[0].prompt_ids[:shared]]), use_cache=True, logits_to_keep=1)
+            past = past.past_key_values
+            past.batch_repeat_interleave(len(batch))
         logits = model(
-            input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=comp + 1, use_cache=False
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            logits_to_keep=comp + 1,
+            past_key_values=past,
+            use_cache=past is not None,
         ).logits
         logits = logits[:, :-1, :].float() / self.temperature
         targets = ids[:, width - comp :]
@@ -253,7 +288,8 @@ class Trainer:
         return loss, stats
 
     def _split(self, items: list[Sample]) -> list[list[Sample]]:
-        return _micro_batches(items, self.micro_batch, self.micro_batch_tokens)
+        shared = shared_prefix(items) if self.share_prefix else 0
+        return _micro_batches(items, self.micro_batch, self.micro_batch_tokens, shared)
 
     @staticmethod
     def _totals(items: list[Sample]) -> tuple[float, float]:
