@@ -38,3 +38,18 @@ def policy(model_folder):
 
     model, tokenizer, _ = load_policy(str(model_folder))
     return model.eval(), tokenizer
+
+
+@pytest.fixture()
+def poisoned_caches(monkeypatch):
+    """Every new KV cache starts as NaN: a masked slot that is read but never written shows up."""
+    from reinforge_backend_local import decoder
+
+    original = decoder.KVCache.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.store_k.fill_(float("nan"))
+        self.store_v.fill_(float("nan"))
+
+    monkeypatch.setattr(decoder.KVCache, "__init__", init)

@@ -150,7 +150,7 @@ def test_other_architectures_fall_back_to_the_hf_forward():
     assert all(1 <= len(r.token_ids) <= 3 for r in out)
 
 
-def test_an_episode_reuses_its_conversation_so_far_and_gets_the_logits_of_a_fresh_prefill(policy):
+def test_an_episode_reuses_its_conversation_so_far_and_gets_the_logits_of_a_fresh_prefill(policy, poisoned_caches):
     """Within-episode KV reuse: turn 2 copies turn 1's keys and values and runs only what is new."""
     from reinforge_backend_local.decoder import KnownTokens
 
@@ -190,7 +190,7 @@ def test_an_episode_reuses_its_conversation_so_far_and_gets_the_logits_of_a_fres
         torch.testing.assert_close(partial, expected, atol=ATOL, rtol=0)
 
 
-def test_the_engine_reuses_an_episode_until_it_is_forgotten(policy):
+def test_the_engine_reuses_an_episode_until_it_is_forgotten(policy, poisoned_caches):
     model, tok = policy
     prompts = [_prompt(tok, q) for q in ("What is 7 + 5?", "What is 30 + 12?")]
     engine = Engine(model, tok, max_model_len=512, packer=Packer())

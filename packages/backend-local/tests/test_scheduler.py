@@ -21,21 +21,6 @@ def _alone(model, prompt, feed):
     return out
 
 
-@pytest.fixture()
-def poisoned_caches(monkeypatch):
-    """Every new KV cache starts as NaN: a masked slot that is read but never written shows up."""
-    from reinforge_backend_local import decoder
-
-    original = decoder.KVCache.__init__
-
-    def init(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self.store_k.fill_(float("nan"))
-        self.store_v.fill_(float("nan"))
-
-    monkeypatch.setattr(decoder.KVCache, "__init__", init)
-
-
 def test_rows_joining_mid_decode_match_each_row_decoded_alone(policy, poisoned_caches):
     """A joins, B joins after 3 steps (in place), C with a longer prompt than the slot (a new layout), A leaves."""
     model, tok = policy

@@ -466,6 +466,10 @@ class DecodeSession:
         keys of its first ``n`` suffix tokens come from ``known[j]`` (at least the last
         token is always run, for its logits). Returns the widest number of tokens to run.
         """
+        # the slots the shortened pass does not write (pads of short suffixes) are masked but read:
+        # uninitialised memory may hold NaN, and 0 * NaN is NaN in attention
+        ucache.k[:, :, :, shared : shared + width] = 0
+        ucache.v[:, :, :, shared : shared + width] = 0
         run = 1
         for j, (s, kn) in enumerate(zip(suffixes, known)):
             n = 0 if kn is None else max(0, min(kn.length, shared + len(s) - 1) - shared)

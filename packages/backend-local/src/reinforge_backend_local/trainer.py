@@ -11,6 +11,8 @@ LoRA is the same network with the adapter switched off.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import os
 import time
@@ -126,6 +128,17 @@ def shared_prefix(batch: list[Sample]) -> int:
     return n if n >= MIN_SHARED_TRAIN_PREFIX else 0
 
 
+@functools.cache
+def _cache_keyword_of(forward: Any) -> str:
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def _cache_keyword(model: Any) -> str:
+    """What the model's forward calls its KV cache: ``cache`` (transformers 5.x) or ``past_key_values`` (4.x)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return _cache_keyword_of(type(base).forward)
+
+
 def _micro_batches(
     samples: list[Sample], size: int, max_tokens: int | None = None, shared: int = 0
 ) -> list[list[Sample]]:
@@ -214,17 +227,12 @@ class Trainer:
         if shared:
             # the prompts' shared prefix (a system prompt, few-shot turns) runs once, as one row, with gradients;
             # every row reads its keys and values (copies whose gradients add up into the one forward)
-            past = model(input_ids=ids.new_tensor([batch[0].prompt_ids[:shared]]), use_cache=True, logits_to_keep=1)
-            past = past.past_key_values
+            key = _cache_keyword(model)
+            out = model(input_ids=ids.new_tensor([batch[0].prompt_ids[:shared]]), use_cache=True, logits_to_keep=1)
+            past = getattr(out, key)
             past.batch_repeat_interleave(len(batch))
-        logits = model(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=pos,
-            logits_to_keep=comp + 1,
-            past_key_values=past,
-            use_cache=past is not None,
-        ).logits
+        given = {_cache_keyword(model): past, "use_cache": True} if past is not None else {"use_cache": False}
+        logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=comp + 1, **given).logits
         logits = logits[:, :-1, :].float() / self.temperature
         targets = ids[:, width - comp :]
         logp_all = torch.log_softmax(logits, dim=-1)
