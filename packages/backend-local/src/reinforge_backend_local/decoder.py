@@ -373,7 +373,6 @@ class DecodeSession:
         (the widest such tail sets the pass's width). Returns the next-token logits of every row.
         """
         dec, dev = self.dec, self.device
-        episodes = known  # ``known`` below is the length of the reused shared prefix
         u = len(prompts)
         shortest = min(map(len, prompts))
         reusable = prefix is not None and len(prefix[0]) < shortest and list(prefix[0]) == prompts[0][: len(prefix[0])]
@@ -396,21 +395,21 @@ class DecodeSession:
         if shared:
             one = KVCache(dec.layers, 1, dec.kv_heads, shared, dec.head_dim, self.dtype, dev)
             # tokens whose keys and values come from ``prefix``
-            known = len(prefix[0]) if reusable and prefix is not None and len(prefix[0]) <= shared else 0
-            if known:
+            from_prefix = len(prefix[0]) if reusable and prefix is not None and len(prefix[0]) <= shared else 0
+            if from_prefix:
                 assert prefix is not None
-                one.k[:, :, :, :known] = prefix[1]
-                one.v[:, :, :, :known] = prefix[2]
-                self.prefix_hits += known
-            if known < shared:
-                ids = torch.tensor([prompts[0][known:shared]], device=dev)
-                pos = torch.arange(known, shared, device=dev).unsqueeze(0)
+                one.k[:, :, :, :from_prefix] = prefix[1]
+                one.v[:, :, :, :from_prefix] = prefix[2]
+                self.prefix_hits += from_prefix
+            if from_prefix < shared:
+                ids = torch.tensor([prompts[0][from_prefix:shared]], device=dev)
+                pos = torch.arange(from_prefix, shared, device=dev).unsqueeze(0)
                 mask = None
-                if known:  # the new tokens see the known ones and, causally, each other
-                    t = shared - known
-                    see = torch.ones((t, shared), dtype=torch.bool, device=dev).tril_(diagonal=known)
+                if from_prefix:  # the new tokens see the reused ones and, causally, each other
+                    t = shared - from_prefix
+                    see = torch.ones((t, shared), dtype=torch.bool, device=dev).tril_(diagonal=from_prefix)
                     mask = torch.zeros(see.shape, dtype=self.dtype, device=dev).masked_fill_(~see, float("-inf"))
-                self._forward(ids, pos, one, known, mask)
+                self._forward(ids, pos, one, from_prefix, mask)
             ucache.k[:, :, :, :shared] = one.k
             ucache.v[:, :, :, :shared] = one.v
             if u > 1:
@@ -429,7 +428,7 @@ class DecodeSession:
         see = (causal.unsqueeze(0) & valid.unsqueeze(1)) | torch.eye(width, dtype=torch.bool, device=dev).unsqueeze(0)
         see = torch.cat([torch.ones((u, width, shared), dtype=torch.bool, device=dev), see], dim=2)
         add = torch.zeros(see.shape, dtype=self.dtype, device=dev).masked_fill_(~see, float("-inf")).unsqueeze(1)
-        run = self._copy_known(episodes, suffixes, shared, width, ucache) if episodes is not None else width
+        run = self._copy_known(known, suffixes, shared, width, ucache) if known is not None else width
         if run < width:  # only each prompt's last ``run`` tokens are computed; the known ones before them are read
             ids, pos, add = ids[:, width - run :], pos[:, width - run :], add[:, :, width - run :]
             h = self._forward(ids, pos, ucache, shared + width - run, add)
