@@ -216,10 +216,6 @@ class KnownTokens:
             raise ValueError(f"positions {a}:{b} are not all known (known: {self.length})")
         return (ks[0], vs[0]) if len(ks) == 1 else (torch.cat(ks, dim=2), torch.cat(vs, dim=2))
 
-    @property
-    def nbytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for _, k, _ in self.pieces)
-
 
 class LlamaDecoder:
     """Prefill and one-token steps for a Llama-family causal LM; weights are read at ``session`` time."""

@@ -54,7 +54,8 @@ class EngineStats:
     rows: int = 0
     completion_tokens: int = 0
     prefill_tokens: int = 0
-    episode_tokens_reused: int = 0  # prompt tokens whose keys and values came from the episode's last call
+    # prompt tokens an episode's last call already covered (past the batch's shared prefix they are copied, not run)
+    episode_tokens_reused: int = 0
     seconds: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
@@ -185,7 +186,7 @@ class Engine:
     ) -> None:
         """Keep the keys and values of the rows that finished this step, for their episodes' next call.
 
-        The batch's shared prefix is held once for all its rows; each row adds its own tail.
+        The shared prefix is cloned once per step for the rows that finish in it; each row adds its own tail.
         """
         from .decoder import KnownTokens
 
@@ -269,7 +270,7 @@ class Engine:
                     continue
                 still.append(j)
             step += 1
-            if self.episodes is not None:
+            if self.episodes is not None and len(still) != len(rows):  # some rows finished: keep theirs
                 self._remember(session, requests, rows, still, tokens)
             if not still:
                 break
