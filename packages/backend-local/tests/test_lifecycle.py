@@ -183,3 +183,47 @@ def test_train_state_round_trips_and_reads_the_0_2_state_json():
     assert TrainState.from_json(json.loads(json.dumps(state.to_json()))) == state
     # 0.2 wrote the same keys as a plain dict; keys a later version adds are ignored
     assert TrainState.from_json({"step": 5, "epoch": 0, "offset": 4, "future": "x"}) == TrainState(5, 0, 4)
+
+
+class SlowEvaluation:
+    """Moves the run's budget clock 10 minutes on at each evaluation after step 0 (no sleeping)."""
+
+    def __init__(self, monkeypatch):
+        import reinforge_backend_local.session as session
+
+        self.offset = 0.0
+        real = session._clock
+        monkeypatch.setattr(session, "_clock", lambda: real() + self.offset)
+
+    @hookimpl
+    def on_step_end(self, step, metrics):
+        if metrics["kind"] == "eval" and step > 0:
+            self.offset += 600.0
+
+
+def test_max_minutes_budgets_training_only_evaluations_come_on_top(model_folder, data, tmp_path, recorded, monkeypatch):
+    pm, recorder = recorded
+    pm.register(SlowEvaluation(monkeypatch), name="slow-eval")
+    eval_data = tmp_path / "eval.jsonl"
+    eval_data.write_text(json.dumps({"question": "What is 2 * 2?"}) + "\n")
+    summary = tune(
+        workflow_func=workflow,
+        judge_func=judge,
+        train_dataset=DatasetConfig(path=data, total_steps=3),
+        eval_dataset=DatasetConfig(path=str(eval_data)),
+        model=ModelConfig(model_path=str(model_folder), max_tokens=6, lora_rank=8, lora_alpha=16),
+        algorithm=AlgorithmConfig(group_size=2, batch_size=2, save_interval_steps=0, eval_interval_steps=1, seed=3),
+        backend="local",
+        backend_args={
+            "output_dir": str(tmp_path / "out"),
+            "progress": False,
+            "tensorboard": False,
+            "report": False,
+            "max_minutes": 5,  # each evaluation "takes" 10: were they counted, the run would stop after step 1
+            "eval_sampled": False,
+        },
+        plugin_manager=pm,
+    )
+    assert summary["status"] == "finished" and summary["steps"] == 3
+    every_step = [("eval", 0)] + [(kind, step) for step in (1, 2, 3) for kind in ("train", "eval")]
+    assert [(c["kind"], c["step"]) for c in recorder.calls("on_step_end")] == every_step

@@ -31,7 +31,7 @@ from . import checkpoint, packing
 from .algorithms import resolve
 from .endpoint import PolicyEndpoint
 from .engine import Engine, MicroBatcher
-from .memory import limit_malloc_arenas
+from .memory import configure_malloc, release_free_memory
 from .metrics_log import MetricsLog
 from .modeling import DEFAULT_MODEL, load_policy, resolve_device, resolve_dtype
 from .policy import ChatTemplate, PolicyChatModel
@@ -64,7 +64,7 @@ class Policy:
         device: str = "auto",
     ) -> None:
         self.config = mc
-        limit_malloc_arenas()  # decode threads and the training thread share freed memory
+        configure_malloc()  # decode threads and the training thread share freed memory; big tensors go back on free
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
         model, tokenizer, self.folder = load_policy(mc.model_path, dtype=self.dtype, device=str(self.device))
@@ -303,7 +303,7 @@ class TrainingSession:
             (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
         self.log = MetricsLog(run_dir, tensorboard=opts.tensorboard)
         self.progress = _Progress(self.total, enabled=opts.progress)
-        self.deadline = time.monotonic() + opts.max_minutes * 60 if opts.max_minutes else None
+        self.deadline = _clock() + opts.max_minutes * 60 if opts.max_minutes else None
         _say(f"run folder {run_dir}; policy endpoint {policy.endpoint.root_url}/rollouts/<id>/v1")
 
     def _keep_going(self) -> bool:
@@ -311,7 +311,7 @@ class TrainingSession:
             return False
         if self.ctx is not None and self.ctx.stop_requested:
             return False
-        if self.deadline is not None and time.monotonic() > self.deadline:
+        if self.deadline is not None and _clock() > self.deadline:
             _say(f"time budget of {self.opts.max_minutes:g} min reached at step {self.state.step}")
             return False
         return True
@@ -334,6 +334,7 @@ class TrainingSession:
         t_roll = time.perf_counter() - t0
         samples = build_samples(result, algo, self.loss, name=self.algorithm_name)
         train_metrics = trainer.step(samples)
+        release_free_memory()  # the activations are gone: resident memory falls back to the weights
         state.step = step
         dec_s = policy.engine.stats.seconds - decode_before[0]
         dec_tok = policy.engine.stats.completion_tokens - decode_before[1]
@@ -360,7 +361,10 @@ class TrainingSession:
         stopping = self.ctx is not None and self.ctx.stop_requested  # finish() evaluates, if at all
         due = self.eval_rows and algo.eval_interval_steps and step % algo.eval_interval_steps == 0
         if due and step < self.total and not stopping:
+            te = _clock()
             self._evaluate(step, say=self.progress.note)
+            if self.deadline is not None:  # max_minutes budgets training: evaluations come on top
+                self.deadline += _clock() - te
         return record
 
     def finish(self) -> None:
@@ -448,7 +452,9 @@ class TrainingSession:
     def _rollouts(self, runner: Any, tasks: list[dict]) -> Any:
         assert self.policy is not None
         with merged_for_decode(self.policy.model, self.policy.peft):
-            return asyncio.run(runner.run_batch(tasks))
+            result = asyncio.run(runner.run_batch(tasks))
+        release_free_memory()  # the decode batches' caches are gone: their pages go back before the update
+        return result
 
     def evaluate(self, rows: list[dict], step: int) -> dict[str, Any]:
         """Greedy and sampled accuracy of the current policy on ``rows`` (one rollout each)."""
@@ -491,6 +497,11 @@ class TrainingSession:
             state=self.state.to_json(),
             peft=self.policy.peft,
         )
+
+
+def _clock() -> float:
+    """The clock of the ``max_minutes`` budget (a name of its own, so tests can move it)."""
+    return time.monotonic()
 
 
 def _trim_metrics(path: Path, step: int) -> None:

@@ -24,6 +24,7 @@ import torch
 from reinforge.plugin import BatchResult
 
 from .algorithms import LossSettings, advantages, call_advantages, resolve, zero_variance
+from .memory import release_free_memory
 
 
 @dataclass
@@ -341,6 +342,8 @@ class Trainer:
                     sums["loss"] += float(loss.detach()) / epochs
                     for key in ("kl", "entropy", "clip_frac", "ratio", "tokens", "seq_tokens"):
                         sums[key] += stats.get(key, 0.0) / epochs
+                    del loss
+                    release_free_memory()  # the micro-batch's activations: the next one starts from live memory
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, opts.max_grad_norm))
                 if not (math.isfinite(grad_norm) and math.isfinite(sums["loss"])):
                     self.optimizer.zero_grad(set_to_none=True)
