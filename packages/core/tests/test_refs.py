@@ -211,3 +211,27 @@ def test_build_job_resolves_every_function_of_a_run(tmp_path: Path) -> None:
     path.write_text(f"workflow: {name}:workflow\njudges: [missing_one]\n")
     with pytest.raises(ResolveError, match=rf"{path.resolve()}: judges\[0\]: no judge named 'missing_one'"):
         build_job(load_run(path), pm)
+
+
+def test_two_run_folders_each_get_their_own_same_named_module(tmp_path: Path) -> None:
+    name = f"judges_{uuid.uuid4().hex[:8]}"
+    for folder, body in (
+        ("a", "def only_in_a(task, response):\n    return 1.0\n"),
+        ("b", "def only_in_b(t, r):\n    return 0.0\n"),
+    ):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{name}.py").write_text(body)
+    try:
+        first = resolve(f"{name}:only_in_a", "judges", base_dir=str(tmp_path / "a"))
+        second = resolve(f"{name}:only_in_b", "judges", base_dir=str(tmp_path / "b"))  # not a's module again
+        again = resolve(f"{name}:only_in_a", "judges", base_dir=str(tmp_path / "a"))
+        assert first.__name__ == again.__name__ == "only_in_a" and second.__name__ == "only_in_b"
+        assert Path(sys.modules[name].__file__).parent == tmp_path / "a"
+    finally:
+        sys.modules.pop(name, None)
+
+
+def test_a_run_folder_file_never_replaces_a_module_imported_otherwise(tmp_path: Path) -> None:
+    (tmp_path / "textwrap.py").write_text("def dedent(text):\n    return 'shadowed'\n")
+    assert resolve("textwrap:dedent", "judges", base_dir=str(tmp_path)) is textwrap.dedent
+    assert sys.modules["textwrap"] is textwrap

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import ResolveError
@@ -72,12 +73,16 @@ def _import_attr(ref: str, what: str, where: str, base_dir: str | None) -> Any:
     module_name, attr = module_name.strip(), attr.strip()
     if not module_name or not attr:
         raise ResolveError(f"{_prefix(where)}{what} reference {ref!r} must look like 'module:attr'")
+    if base_dir:
+        _forget_foreign(module_name, base_dir)
     added = base_dir is not None and bool(base_dir) and base_dir not in sys.path
     if added and base_dir is not None:
         sys.path.insert(0, base_dir)
     try:
         importlib.invalidate_caches()  # the module may have been written after start-up
         module = importlib.import_module(module_name)
+        if base_dir:
+            _note_run_folder_module(module_name, base_dir)
     except Exception as exc:
         missing_name = exc.name if isinstance(exc, ModuleNotFoundError) else None
         if missing_name is not None and module_name.startswith(missing_name):
@@ -102,6 +107,46 @@ def _import_attr(ref: str, what: str, where: str, base_dir: str | None) -> Any:
         obj = getattr(obj, part)
         walked = f"{walked}:{part}" if walked == module_name else f"{walked}.{part}"
     return obj
+
+
+def _forget_foreign(module_name: str, base_dir: str) -> None:
+    """Drop an imported ``module_name`` that came from elsewhere when ``base_dir`` holds its own.
+
+    Run files name their folder's modules by short names (``judges:exact``); two run
+    files loaded in one process (tests, a notebook, an eval after a tune) would otherwise
+    share the first one's ``judges``. The run file's own module wins, as a fresh import.
+    """
+    top = module_name.split(".", 1)[0]
+    loaded = sys.modules.get(top)
+    if loaded is None or _from_run_folders.get(top) is not loaded:  # only what a run folder gave (never stdlib)
+        return
+    own = _own_file(top, base_dir)
+    if own is None or _file_of(loaded) == own:
+        return
+    for name in [n for n in sys.modules if n == top or n.startswith(f"{top}.")]:
+        del sys.modules[name]
+    del _from_run_folders[top]
+
+
+_from_run_folders: dict[str, Any] = {}  # top-level modules imported from a run file's folder
+
+
+def _own_file(top: str, base_dir: str) -> Path | None:
+    folder = Path(base_dir).resolve()
+    return next((p for p in (folder / f"{top}.py", folder / top / "__init__.py") if p.is_file()), None)
+
+
+def _file_of(module: Any) -> Path | None:
+    origin = getattr(module, "__file__", None)
+    return Path(origin).resolve() if origin else None
+
+
+def _note_run_folder_module(module_name: str, base_dir: str) -> None:
+    top = module_name.split(".", 1)[0]
+    loaded = sys.modules.get(top)
+    own = _own_file(top, base_dir)
+    if loaded is not None and own is not None and _file_of(loaded) == own:
+        _from_run_folders[top] = loaded
 
 
 def _lookup(name: str, kind: Kind, registry: Registry | None, where: str) -> Component:
