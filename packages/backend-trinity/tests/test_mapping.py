@@ -14,6 +14,7 @@ def _full_run() -> dict:
     run = math_run()
     run["model"].update({"max_model_len": 512, "top_p": 0.9, "lora_rank": 8, "lora_alpha": 16, "seed": 7})
     run["model"]["dtype"] = "bfloat16"
+    run["algorithm"]["eval_interval_steps"] = 10  # stated here, not taken from the example's current value
     run["auxiliary_models"] = {
         "critic": {"model_path": "Qwen/Qwen3-0.6B", "temperature": 0.3, "top_p": 0.5, "max_tokens": 64},
         "api": {"model_path": "gpt-4o-mini", "api_base": "https://api.example/v1", "api_key_env": "KEY"},

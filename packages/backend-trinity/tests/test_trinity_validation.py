@@ -19,6 +19,7 @@ CPU = {"engine_type": "external", "node_num": 1, "gpu_per_node": 1}  # the exter
 def _run(math_dir, tiny_model, mode: str = "explore", **backend_args) -> dict:
     run = math_run()
     run["model"]["model_path"] = tiny_model
+    run["algorithm"]["eval_interval_steps"] = 10  # stated here, not taken from the example's current value
     run["backend_args"] = {"mode": mode, "output_dir": str(math_dir.parent / "runs"), **backend_args}
     return run
 
