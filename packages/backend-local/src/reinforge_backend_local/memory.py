@@ -12,7 +12,8 @@ time a large block is freed; after the first training step nearly every
 activation comes from the heap, whose freed middle is never returned. The
 ReAct example held 4.4 GB resident after a step with 1.9 GB live. A fixed
 threshold of 1 MB keeps large tensors on ``mmap``, and :func:`release_free_memory`
-after each phase (rollouts, update, evaluation) hands the heap's free pages back.
+after each rollout phase (training or evaluation) and each training micro-batch
+hands the heap's free pages back.
 A ``MALLOC_ARENA_MAX`` or ``MALLOC_MMAP_THRESHOLD_`` set by the user wins.
 """
 

@@ -333,8 +333,7 @@ class TrainingSession:
         result = self._rollouts(runner, tasks)
         t_roll = time.perf_counter() - t0
         samples = build_samples(result, algo, self.loss, name=self.algorithm_name)
-        train_metrics = trainer.step(samples)
-        release_free_memory()  # the activations are gone: resident memory falls back to the weights
+        train_metrics = trainer.step(samples)  # hands each micro-batch's freed activations back itself
         state.step = step
         dec_s = policy.engine.stats.seconds - decode_before[0]
         dec_tok = policy.engine.stats.completion_tokens - decode_before[1]

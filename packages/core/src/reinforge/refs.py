@@ -81,8 +81,6 @@ def _import_attr(ref: str, what: str, where: str, base_dir: str | None) -> Any:
     try:
         importlib.invalidate_caches()  # the module may have been written after start-up
         module = importlib.import_module(module_name)
-        if base_dir:
-            _note_run_folder_module(module_name, base_dir)
     except Exception as exc:
         missing_name = exc.name if isinstance(exc, ModuleNotFoundError) else None
         if missing_name is not None and module_name.startswith(missing_name):
@@ -96,6 +94,8 @@ def _import_attr(ref: str, what: str, where: str, base_dir: str | None) -> Any:
     finally:
         if added and base_dir in sys.path:
             sys.path.remove(base_dir)
+    if base_dir:
+        _note_run_folder_module(module_name, base_dir)
     obj: Any = module
     walked = module_name
     for part in attr.split("."):
@@ -107,6 +107,9 @@ def _import_attr(ref: str, what: str, where: str, base_dir: str | None) -> Any:
         obj = getattr(obj, part)
         walked = f"{walked}:{part}" if walked == module_name else f"{walked}.{part}"
     return obj
+
+
+_from_run_folders: dict[str, Any] = {}  # top-level modules imported from a run file's folder
 
 
 def _forget_foreign(module_name: str, base_dir: str) -> None:
@@ -126,9 +129,6 @@ def _forget_foreign(module_name: str, base_dir: str) -> None:
     for name in [n for n in sys.modules if n == top or n.startswith(f"{top}.")]:
         del sys.modules[name]
     del _from_run_folders[top]
-
-
-_from_run_folders: dict[str, Any] = {}  # top-level modules imported from a run file's folder
 
 
 def _own_file(top: str, base_dir: str) -> Path | None:
