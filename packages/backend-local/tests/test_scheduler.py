@@ -90,7 +90,7 @@ def test_rows_admitted_within_a_step_match_each_row_decoded_alone(policy, poison
         assert session.can_admit([b, c], common, 8)
         assert not session.can_admit([b, c + [5] * session.slot], common, 8)  # would start before slot 0
         logits = session.step_admitting(torch.tensor([feeds["a"][1]]), [b, c], prefix)
-        assert session.prefix_hits == common and list(session.computed_prefix[0]) == c[:-1]
+        assert session.prefix_hits == 2 * common and list(session.computed_prefix[0]) == c[:-1]
         got["a"].append(logits[0])
         got["b"], got["c"] = [logits[1]], [logits[2]]
         done = {"a": 2, "b": 0, "c": 0}

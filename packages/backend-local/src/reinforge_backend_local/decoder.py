@@ -58,6 +58,36 @@ def unsupported_reason(model: Any) -> str | None:
     return None
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Hugging Face's Llama RMSNorm, op for op (so bit-identical to it in float32).
+
+    ``F.rms_norm`` gives the same numbers but, at decode shapes, costs two to three
+    times as much on a CPU (it is dispatched as a composite of more, smaller ops).
+    """
+    if x.dtype != torch.float32:  # HF computes these in float32: F.rms_norm does too
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True).add_(eps)) * weight
+
+
+def decode_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Attention of one new token per row over its cached keys: ``(rows, heads * head_dim)``.
+
+    ``q``: (rows, heads, head_dim); ``keys``/``values``: (rows, kv_heads, slots, head_dim), any
+    strides a cache slice has; ``mask``: additive, broadcastable to (rows, 1, 1, slots). At one
+    query per row, two batched matmuls and a softmax run in about 0.6x the time of
+    ``scaled_dot_product_attention``'s CPU kernel: the query heads that share a key head are
+    one matrix, so keys are read once per key head and never repeated.
+    """
+    rows, heads, dim = q.shape
+    kv_heads = keys.shape[1]
+    grouped = q.reshape(rows, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(scale).add_(mask)
+    weights = scores.softmax(-1, dtype=torch.float32).to(values.dtype)  # as the fused kernel: in float32
+    return torch.matmul(weights, values).view(rows, heads * dim)
+
+
 @dataclass
 class _Linear:
     weight: torch.Tensor | None  # None when only the packed copy exists
@@ -321,8 +351,9 @@ class DecodeSession:
             return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
         causal = mask is None and start == 0 and t > 1
+        one = t == 1 and mask is not None  # a decode step: one query per row
         for i, layer in enumerate(self.layers):
-            x = F.rms_norm(h, (dec.hidden,), layer.ln_in, dec.eps)
+            x = rms_norm(h, layer.ln_in, dec.eps)
             q, k, v = layer.qkv(x)
             q = q.view(rows, t, nh, hd).transpose(1, 2)
             k = k.view(rows, t, kvh, hd).transpose(1, 2)
@@ -330,18 +361,23 @@ class DecodeSession:
             cache.k[i, :, :, start:end] = rope(k)
             cache.v[i, :, :, start:end] = v
             keys, values = cache.k[i, :, :, first:end], cache.v[i, :, :, first:end]
-            if not dec.gqa and kvh != nh:
-                keys = keys.repeat_interleave(nh // kvh, dim=1)
-                values = values.repeat_interleave(nh // kvh, dim=1)
-            extra = {"enable_gqa": True} if dec.gqa and kvh != nh else {}
-            o = F.scaled_dot_product_attention(
-                rope(q), keys, values, attn_mask=mask, is_causal=causal, scale=dec.scale, **extra
-            )
-            h = h + layer.o(o.transpose(1, 2).reshape(rows, t, nh * hd))
-            x = F.rms_norm(h, (dec.hidden,), layer.ln_post, dec.eps)
+            if one:
+                assert mask is not None
+                o = decode_attention(rope(q).reshape(rows, nh, hd), keys, values, mask, dec.scale)
+                h = h + layer.o(o).view(rows, 1, nh * hd)
+            else:
+                if not dec.gqa and kvh != nh:
+                    keys = keys.repeat_interleave(nh // kvh, dim=1)
+                    values = values.repeat_interleave(nh // kvh, dim=1)
+                extra = {"enable_gqa": True} if dec.gqa and kvh != nh else {}
+                o = F.scaled_dot_product_attention(
+                    rope(q), keys, values, attn_mask=mask, is_causal=causal, scale=dec.scale, **extra
+                )
+                h = h + layer.o(o.transpose(1, 2).reshape(rows, t, nh * hd))
+            x = rms_norm(h, layer.ln_post, dec.eps)
             gate, up = layer.gate_up(x)
             h = h + layer.down(F.silu(gate) * up)
-        return F.rms_norm(h[:, -1], (dec.hidden,), self.norm, dec.eps)
+        return rms_norm(h[:, -1], self.norm, dec.eps)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return self.head(h).float()
@@ -646,7 +682,7 @@ class DecodeSession:
                 assert prefix is not None
                 cache.k[:, r, :, first : first + known] = prefix[1][:, 0]
                 cache.v[:, r, :, first : first + known] = prefix[2][:, 0]
-        self.prefix_hits += known
+        self.prefix_hits += known * u  # every new row starts with the reused prefix
         # the prompt tokens left-padded to ``width``: compute index w of row j is suffix token w - (width - n_j)
         ids = torch.zeros((u, width), dtype=torch.long)
         pos = torch.zeros((u, width), dtype=torch.long)
@@ -713,7 +749,7 @@ class DecodeSession:
         extra = {"enable_gqa": True} if dec.gqa and kvh != nh else {}
         rows_new = slice(old, old + u)
         for i, layer in enumerate(self.layers):
-            x = F.rms_norm(h, (dec.hidden,), layer.ln_in, dec.eps)
+            x = rms_norm(h, layer.ln_in, dec.eps)
             q, k, v = layer.qkv(x)
             q = rope(q.view(total, nh, hd))
             k = rope(k.view(total, kvh, hd))
@@ -728,11 +764,8 @@ class DecodeSession:
             keys, values = cache.k[i, :old, :, first : s + 1], cache.v[i, :old, :, first : s + 1]
             keys_new, values_new = cache.k[i, rows_new, :, lo : s + 1], cache.v[i, rows_new, :, lo : s + 1]
             if not dec.gqa and kvh != nh:
-                keys, values = (t.repeat_interleave(nh // kvh, dim=1) for t in (keys, values))
                 keys_new, values_new = (t.repeat_interleave(nh // kvh, dim=1) for t in (keys_new, values_new))
-            o_dec = F.scaled_dot_product_attention(
-                q[:old].unsqueeze(2), keys, values, attn_mask=dec_mask, scale=dec.scale, **extra
-            )  # (old, heads, 1, head_dim)
+            o_dec = decode_attention(q[:old], keys, values, dec_mask, dec.scale)  # (old, heads * head_dim)
             o_new = F.scaled_dot_product_attention(
                 q[old:].view(u, width, nh, hd).transpose(1, 2),
                 keys_new,
@@ -741,13 +774,13 @@ class DecodeSession:
                 scale=dec.scale,
                 **extra,
             )  # (u, heads, width, head_dim)
-            o = torch.cat([o_dec.reshape(old, nh * hd), o_new.transpose(1, 2).reshape(u * width, nh * hd)])
+            o = torch.cat([o_dec, o_new.transpose(1, 2).reshape(u * width, nh * hd)])
             h = h + layer.o(o)
-            x = F.rms_norm(h, (dec.hidden,), layer.ln_post, dec.eps)
+            x = rms_norm(h, layer.ln_post, dec.eps)
             gate, up = layer.gate_up(x)
             h = h + layer.down(F.silu(gate) * up)
         last = torch.cat([h[:old], h[old:].view(u, width, -1)[:, -1]])
-        return F.rms_norm(last, (dec.hidden,), self.norm, dec.eps)
+        return rms_norm(last, self.norm, dec.eps)
 
 
 def _sdpa_has_gqa() -> bool:
