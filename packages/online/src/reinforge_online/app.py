@@ -1,4 +1,4 @@
-"""The gateway's ASGI app: ``/v1/chat/completions``, ``/v1/models``, ``/healthz``, ``/metrics`` and feedback.
+"""The gateway's ASGI app: ``/v1/chat/completions``, ``/v1/models``, ``/healthz``, ``/metrics``, feedback and close.
 
 Fail-open throughout: an unsampled request is a byte-for-byte pass-through; a sampled one
 that the policy cannot answer goes to the upstream instead; a trace the store cannot take
@@ -39,9 +39,11 @@ from .selection import Selection
 from .shadow import ShadowRunner, resolve_tools
 from .store import CallRecord, StoreUnavailable, TraceStore
 
-__all__ = ["FEEDBACK_ROUTE", "Gateway", "build_app"]
+__all__ = ["CLOSE_ROUTE", "FEEDBACK_ROUTE", "Gateway", "build_app"]
 
 FEEDBACK_ROUTE = "/online/v1/feedback"
+CLOSE_ROUTE = "/online/v1/traces/{trace_id}/close"
+_CLOSE_PREFIX, _CLOSE_SUFFIX = CLOSE_ROUTE.split("{trace_id}")
 _PATH_KEY = "reinforge_online.path"  # the path a request took, for the request counter
 _log = logging.getLogger("reinforge_online")
 
@@ -167,13 +169,22 @@ class _CountRequests:
         try:
             await self.app(scope, receive, sending)
         finally:
-            path = scope["path"]
-            route = path if path in _ROUTES else "other"
-            self.metrics.requests.labels(route, scope.get(_PATH_KEY, "gateway"), str(status[0])).inc()
+            self.metrics.requests.labels(_route(scope["path"]), scope.get(_PATH_KEY, "gateway"), str(status[0])).inc()
 
 
 _CLIENT_DEFAULTS = ("accept", "accept-encoding", "user-agent")
 _ROUTES = (CHAT_ROUTE, "/v1/models", "/healthz", "/metrics", FEEDBACK_ROUTE)
+
+
+def _route(path: str) -> str:
+    """The route label of a request path: one of the gateway's routes (the close route as its template), or other."""
+    if path in _ROUTES:
+        return path
+    if path.startswith(_CLOSE_PREFIX) and path.endswith(_CLOSE_SUFFIX):
+        trace_id = path[len(_CLOSE_PREFIX) : len(path) - len(_CLOSE_SUFFIX)]
+        if trace_id and "/" not in trace_id:
+            return CLOSE_ROUTE
+    return "other"
 
 
 class Gateway:
@@ -561,13 +572,61 @@ class Gateway:
         self._limit(request)
         body = parse_json(await self._read(request))
         req = feedback.parse(body)
-        token = request.headers.get(feedback.FEEDBACK_TOKEN_HEADER) or body.get("feedback_token")
-        feedback.check_token(self.secrets.feedback_secret, req.trace_id, token if isinstance(token, str) else None)
+        self._authorise(request, req.trace_id, body)
         try:
             outcome: feedback.FeedbackOutcome = await asyncio.wrap_future(self.pipeline.feedback(req))
         except StoreUnavailable as exc:
             raise ApiError(f"feedback cannot be stored right now: {exc}", status=503, code="store_unavailable") from exc
         return outcome
+
+    def _authorise(self, request: Request, trace_id: str, body: dict[str, Any]) -> None:
+        """A 401 unless the request carries ``trace_id``'s feedback token (header, else the body's ``feedback_token``).
+
+        Feedback and close are authorised alike, before the store is asked anything.
+        """
+        token = request.headers.get(feedback.FEEDBACK_TOKEN_HEADER) or body.get("feedback_token")
+        feedback.check_token(self.secrets.feedback_secret, trace_id, token if isinstance(token, str) else None)
+
+    async def close_trace(self, request: Request) -> Response:
+        """``POST /online/v1/traces/{trace_id}/close``: the episode ended, score the trace now (see the README).
+
+        Authorised by the trace's feedback token like feedback. 200 ``{trace_id, state, scoring}`` for a
+        stored trace that is open (``scoring``: the reward calculator scores it now), rewarded or unrewarded
+        (already closed: nothing changes); 401 for a missing or wrong token, 404 for an unknown trace,
+        409 for a trace in a batch (``committing``/``committed``).
+        """
+        self._limit(request)
+        trace_id = request.path_params["trace_id"]
+        raw = await self._read(request)
+        body = parse_json(raw) if raw.strip() else {}
+        unknown = sorted(set(body) - {"feedback_token"})
+        if unknown:
+            raise ApiError(f"unknown field(s) {unknown}", param=unknown[0], code="unknown_field")
+        self._authorise(request, trace_id, body)
+        try:
+            state = await asyncio.wrap_future(self.pipeline.close_stored_trace(trace_id))
+        except StoreUnavailable as exc:
+            raise ApiError(
+                f"the trace store cannot be asked right now: {exc}", status=503, code="store_unavailable"
+            ) from exc
+        if state is None:
+            raise ApiError(
+                f"no trace {trace_id!r} is stored here",
+                status=404,
+                param="trace_id",
+                code="trace_not_found",
+                kind="not_found_error",
+            )
+        if state in ("committing", "committed"):
+            raise ApiError(
+                f"trace {trace_id!r} was already committed for training ({state}); it cannot be closed",
+                status=409,
+                param="trace_id",
+                code="trace_committed",
+                kind="conflict_error",
+            )
+        scoring = state == "open" and self.pipeline.rewards is not None
+        return JSONResponse({"trace_id": trace_id, "state": state, "scoring": scoring})
 
 
 async def _api_error(request: Request, exc: Exception) -> Response:
@@ -625,6 +684,7 @@ def build_app(
             Route("/healthz", gw.healthz, methods=["GET"]),
             Route("/metrics", gw.metrics_text, methods=["GET"]),
             Route(FEEDBACK_ROUTE, gw.post_feedback, methods=["POST"]),
+            Route(CLOSE_ROUTE, gw.close_trace, methods=["POST"]),
         ],
         exception_handlers=handlers,
         lifespan=lifespan,

@@ -22,7 +22,7 @@ from .metrics import Metrics
 from .redact import Redactor, resolve_redactor
 from .rewards import RewardCalculator, build_composer
 from .selection import Selection, SelectionRequest, build_selection, session_of
-from .store import CallRecord, StoreUnavailable, TraceClosed, TraceStore, open_store
+from .store import CallRecord, StoreUnavailable, TraceClosed, TraceStore, open_store, trace_state
 
 __all__ = ["Pipeline", "task_of"]
 
@@ -253,6 +253,24 @@ class Pipeline:
         """The episode of ``trace_id`` ended: score it now (when a reward calculator is configured)."""
         if self.rewards is not None:
             self.rewards.close_trace(trace_id)
+
+    def close_stored_trace(self, trace_id: str) -> Future[str | None]:
+        """:meth:`close_trace` for a trace the store is asked about first (the gateway's close endpoint).
+
+        The future resolves to the trace's status, read on the writer thread after every write queued
+        before it (so a close sent right after the response finds its trace), or None when it is not
+        stored. Only an ``open`` trace is handed to the reward calculator; any other is left as it is.
+
+        :raises StoreUnavailable: the store does not take writes now.
+        """
+        future: Future[str | None] = self.store.submit(lambda db: trace_state(db, trace_id))
+
+        def done(f: Future[str | None]) -> None:
+            if f.exception() is None and f.result() == "open":
+                self.close_trace(trace_id)
+
+        future.add_done_callback(done)
+        return future
 
     # -- shutdown ------------------------------------------------------------------------------
 

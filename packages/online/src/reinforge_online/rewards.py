@@ -208,6 +208,7 @@ class RewardCalculator:
         self._thread = threading.Thread(target=self._run, name="reinforge-online-rewards", daemon=True)
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._scoring: dict[str, int] = {}  # trace id -> its scorings in flight
         self._sem: asyncio.Semaphore | None = None
         self._done = threading.Condition()
         self.results: dict[str, int] = {}  # "rewarded", "skipped", "unrewarded/<reason>" -> how many
@@ -247,9 +248,9 @@ class RewardCalculator:
             self._loop.call_soon_threadsafe(self._schedule, trace_id, self.close_after_s)
 
     def close_trace(self, trace_id: str) -> None:
-        """Score ``trace_id`` now (its episode ended)."""
+        """Score ``trace_id`` now (its episode ended); a trace being scored already is not scored again."""
         if not self._stopping:
-            self._loop.call_soon_threadsafe(self._schedule, trace_id, 0.0)
+            self._loop.call_soon_threadsafe(self._close, trace_id)
 
     def wait_results(self, n: int, timeout: float | None = None) -> bool:
         """Wait until ``n`` traces were looked at in all (rewarded, unrewarded or skipped); whether they were."""
@@ -318,11 +319,23 @@ class RewardCalculator:
             return
         self._timers[trace_id] = self._loop.call_later(delay, self._due, trace_id)
 
+    def _close(self, trace_id: str) -> None:
+        if not self._scoring.get(trace_id):  # being scored: its judges are not asked twice
+            self._schedule(trace_id, 0.0)
+
     def _due(self, trace_id: str) -> None:
         self._timers.pop(trace_id, None)
         task = self._loop.create_task(self._score(trace_id))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._scoring[trace_id] = self._scoring.get(trace_id, 0) + 1
+
+        def finished(task: asyncio.Task[None]) -> None:
+            self._tasks.discard(task)
+            left = self._scoring.pop(trace_id, 1) - 1
+            if left:
+                self._scoring[trace_id] = left
+
+        task.add_done_callback(finished)
 
     def _unrewarded(self, trace_id: str, reason: str, error: str | None) -> None:
         _log.warning("trace %s is unrewarded (%s): %s", trace_id, reason, error)

@@ -196,6 +196,14 @@ def _sweep(db: sqlite3.Connection, before: float) -> int:
     return len(ids)
 
 
+def trace_state(db: sqlite3.Connection, trace_id: str) -> str | None:
+    """In the writer's transaction: the trace's status (``open``, ``rewarded``, ``unrewarded``, ``committing``,
+    ``committed``), or None when it is not stored.
+    """
+    row = db.execute("SELECT status FROM traces WHERE trace_id = ?", (trace_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
 def connect(path: str, busy_timeout_ms: int = 1000) -> sqlite3.Connection:
     """A connection in WAL mode with the schema in place (autocommit: transactions are explicit)."""
     db = sqlite3.connect(path, timeout=busy_timeout_ms / 1000, isolation_level=None, check_same_thread=False)
