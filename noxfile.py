@@ -270,8 +270,10 @@ AGENTSCOPE_TESTS = (
 def agentscope(session: nox.Session) -> None:
     """AgentScope v1 tuner workflows (reinforge[agentscope]): the tutorial trains one step on the local backend.
 
-    The extra is heavy, so the package test sessions leave it out and backend-local's
+    The extra is heavy, so core's and backend-local's test sessions leave it out and
     test_agentscope_tutorial.py skips there; this session installs it and runs those tests.
+    (reinforge-online's `testing` extra does carry it: its gateway tests run AgentScope's
+    ``OpenAIChatModel`` in each online session.)
     """
     core, backend = _core(), PACKAGES_BY_DIR["backend-local"]
     core_extras = tuple(sorted({"datasets", "litellm", "testing", "agentscope"}))

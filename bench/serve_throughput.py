@@ -511,6 +511,7 @@ def setup(args: argparse.Namespace) -> dict:
             # A native build (llama.cpp's default) turns on every ISA extension cpuinfo lists; on this VM that
             # includes AMX, which the guest cannot run: the server then dies with SIGILL at its first token.
             env.setdefault("CMAKE_ARGS", LLAMACPP_CMAKE_ARGS)
+            steps[1].append("--no-cache-dir")  # else pip reuses a wheel built earlier with other flags
         print(f"setup {name}: {venv} (log: {log})", file=sys.stderr, flush=True)
         start = time.perf_counter()
         error = None
