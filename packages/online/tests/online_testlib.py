@@ -228,6 +228,19 @@ class BackgroundServer:
         return f"{self.base}/v1"
 
 
+def recorded_policy_call(store: Any, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The store's one trace and its one call, checked to be the fake policy's answer to ``messages``
+    (asked as model ``gpt-up``) with the policy's prompt and completion token ids and logprobs."""
+    store.submit(lambda db: None).result(10)  # every earlier write committed
+    (trace_id,) = store.trace_ids()
+    (recorded,) = store.trace(trace_id)["calls"]
+    assert recorded["prompt_token_ids"] == POLICY_PROMPT_IDS
+    assert recorded["token_ids"] == POLICY_TOKENS and recorded["logprobs"] == POLICY_LOGPROBS
+    assert recorded["request"]["messages"] == messages and recorded["request"]["model"] == "gpt-up"
+    assert recorded["response"]["choices"][0]["message"]["content"] == "policy"
+    return trace_id, recorded
+
+
 def free_port() -> int:
     """A port nothing listens on (bound and released)."""
     with socket.socket() as s:

@@ -15,11 +15,9 @@ pytest.importorskip("agentscope", reason="needs AgentScope 1.x (reinforge[agents
 
 from agentscope.model import OpenAIChatModel  # noqa: E402
 from online_testlib import (  # noqa: E402
-    POLICY_LOGPROBS,
-    POLICY_PROMPT_IDS,
-    POLICY_TOKENS,
     TRAFFIC_KEY,
     UPSTREAM_KEY,
+    recorded_policy_call,
 )
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -107,11 +105,4 @@ def test_sampled_is_answered_by_the_policy_and_recorded_with_token_ids(gateway, 
     assert sent["return_token_ids"] is True and sent["logprobs"] is True and sent["model"] == "pol"
     assert bool(sent.get("stream")) is stream
     assert up.requests == []
-    store = gw(server).store
-    store.submit(lambda db: None).result(10)  # every earlier write committed
-    (trace_id,) = store.trace_ids()
-    (recorded,) = store.trace(trace_id)["calls"]
-    assert recorded["prompt_token_ids"] == POLICY_PROMPT_IDS
-    assert recorded["token_ids"] == POLICY_TOKENS and recorded["logprobs"] == POLICY_LOGPROBS
-    assert recorded["request"]["messages"] == MESSAGES and recorded["request"]["model"] == "gpt-up"
-    assert recorded["response"]["choices"][0]["message"]["content"] == "policy"
+    recorded_policy_call(gw(server).store, MESSAGES)

@@ -17,12 +17,10 @@ litellm = pytest.importorskip("litellm", reason="needs litellm (reinforge-online
 
 from online_testlib import (  # noqa: E402
     HTTP,
-    POLICY_LOGPROBS,
-    POLICY_PROMPT_IDS,
-    POLICY_TOKENS,
     SECRET,
     TRAFFIC_KEY,
     UPSTREAM_KEY,
+    recorded_policy_call,
 )
 
 from reinforge_online import feedback_token  # noqa: E402
@@ -104,14 +102,7 @@ def test_sampled_is_answered_by_the_policy_and_recorded_with_token_ids(gateway, 
     sent = pol.bodies()[-1]
     assert sent["return_token_ids"] is True and sent["logprobs"] is True and sent["model"] == "pol"
     assert up.requests == []
-    store = gw(server).store
-    store.submit(lambda db: None).result(10)  # every earlier write committed
-    (trace_id,) = store.trace_ids()
-    (recorded,) = store.trace(trace_id)["calls"]
-    assert recorded["prompt_token_ids"] == POLICY_PROMPT_IDS
-    assert recorded["token_ids"] == POLICY_TOKENS and recorded["logprobs"] == POLICY_LOGPROBS
-    assert recorded["request"]["messages"] == MESSAGES and recorded["request"]["model"] == "gpt-up"
-    assert recorded["response"]["choices"][0]["message"]["content"] == "policy"
+    trace_id, _ = recorded_policy_call(gw(server).store, MESSAGES)
     # LiteLLM's caller sees the trace's headers, enough to close or rate it later
     token = feedback_token(SECRET, trace_id)
     assert via["trace"] == {"x-reinforge-trace-id": trace_id, "x-reinforge-feedback-token": token}

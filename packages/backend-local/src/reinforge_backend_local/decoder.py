@@ -351,7 +351,6 @@ class DecodeSession:
             return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
         causal = mask is None and start == 0 and t > 1
-        one = t == 1 and mask is not None  # a decode step: one query per row
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.ln_in, dec.eps)
             q, k, v = layer.qkv(x)
@@ -361,8 +360,7 @@ class DecodeSession:
             cache.k[i, :, :, start:end] = rope(k)
             cache.v[i, :, :, start:end] = v
             keys, values = cache.k[i, :, :, first:end], cache.v[i, :, :, first:end]
-            if one:
-                assert mask is not None
+            if t == 1 and mask is not None:  # a decode step: one query per row
                 o = decode_attention(rope(q).reshape(rows, nh, hd), keys, values, mask, dec.scale)
                 h = h + layer.o(o).view(rows, 1, nh * hd)
             else:
