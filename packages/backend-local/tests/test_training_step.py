@@ -155,3 +155,27 @@ def test_a_shared_prompt_prefix_runs_once_with_the_same_loss_and_lora_gradients(
             for n, p in lora.items():
                 p.copy_(saved[n])
         model.zero_grad(set_to_none=True)
+
+
+def test_each_sample_is_scored_at_its_own_temperature(lora_policy):
+    """Online traffic mixes temperatures: a sample's ``temperature`` wins over the trainer's (greedy counts as 1)."""
+    model, tokenizer = lora_policy
+    items = _samples(model, tokenizer).items
+
+    def logprobs(trainer_temperature, sample_temperatures):
+        batch = [
+            Sample(s.prompt_ids, s.completion_ids, s.old_logprobs, s.advantage, temperature=t)
+            for s, t in zip(items, sample_temperatures)
+        ]
+        trainer = Trainer(model, AlgorithmConfig(group_size=2), temperature=trainer_temperature, pad_id=2, peft=True)
+        with torch.no_grad():
+            return trainer._forward_logprobs(model, batch)[0]
+
+    at_half = logprobs(0.5, [None] * 4)
+    at_one = logprobs(1.0, [None] * 4)
+    assert not torch.allclose(at_half, at_one)
+    torch.testing.assert_close(logprobs(1.0, [0.5] * 4), at_half)
+    mixed = logprobs(0.7, [0.5, None, 1.0, 0.0])  # None: the trainer's 0.7; 0.0 (greedy): 1
+    for row, expected in ((0, at_half), (2, at_one), (3, at_one)):
+        torch.testing.assert_close(mixed[row], expected[row])
+    torch.testing.assert_close(mixed[1], logprobs(0.7, [None] * 4)[1])

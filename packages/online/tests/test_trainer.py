@@ -212,7 +212,9 @@ def test_a_real_openai_client_gets_token_ids_through_extra_body(tmp_path, upstre
 
 
 def test_backends_not_there_yet_and_bad_ones_are_clear_errors(tmp_path):
-    with pytest.raises(ConfigError, match="backend: the local backend is not implemented yet"):
+    with pytest.raises(ConfigError, match="backend: the trinity backend is not implemented yet"):
+        OnlineTrainer(backend="trinity", store=tmp_path / "t.sqlite")
+    with pytest.raises(ConfigError, match="local: admin_url is required with backend='local'"):
         OnlineTrainer(backend="local", store=tmp_path / "t.sqlite")
     with pytest.raises(ConfigError, match="backend: .* has no send"):
         OnlineTrainer(backend=object(), store=tmp_path / "t.sqlite")  # type: ignore[arg-type]

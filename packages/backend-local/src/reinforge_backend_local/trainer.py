@@ -34,6 +34,7 @@ class Sample:
     old_logprobs: list[float]
     advantage: float
     weight: float = 1.0  # per-trajectory share, so long episodes do not dominate
+    temperature: float | None = None  # the call's own sampling temperature; None: the trainer's
 
 
 @dataclass
@@ -234,13 +235,22 @@ class Trainer:
             past.batch_repeat_interleave(len(batch))
         given = {_cache_keyword(model): past, "use_cache": True} if past is not None else {"use_cache": False}
         logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=comp + 1, **given).logits
-        logits = logits[:, :-1, :].float() / self.temperature
+        logits = logits[:, :-1, :].float() / self._temperatures(batch, logits.device)
         targets = ids[:, width - comp :]
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         with torch.no_grad():
             entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy, cmask
+
+    def _temperatures(self, batch: list[Sample], dev: Any) -> torch.Tensor | float:
+        """The divisor of each row's logits: its sample's temperature (greedy counts as 1), else the trainer's."""
+        if all(s.temperature is None for s in batch):
+            return self.temperature
+        temps = [
+            self.temperature if s.temperature is None else (s.temperature if s.temperature > 0 else 1.0) for s in batch
+        ]
+        return torch.tensor(temps, dtype=torch.float32, device=dev).view(-1, 1, 1)
 
     def _reference_logprobs(self, batch: list[Sample]) -> torch.Tensor:
         with torch.no_grad():

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import feedback
 from .committer import Committer, JsonlSink, Sink
-from .config import CHAT_ROUTE, OnlineSettings, Secrets
+from .config import CHAT_ROUTE, OnlineSettings, Secrets, policy_admin_url
 from .metrics import Metrics
 from .redact import Redactor, resolve_redactor
 from .rewards import RewardCalculator, build_composer
@@ -69,6 +69,7 @@ class Pipeline:
         )
         self._policy_failures = 0
         self._policy_paused_until = 0.0
+        self._sinks: list[Any] = []  # the sinks built here, closed in close()
         self.rewards = self._rewards(settings, composer)
         self.committer = self._committer(settings, sink)
         self._started = False
@@ -95,7 +96,7 @@ class Pipeline:
         if sink is None:
             if c.kind == "none":
                 return None
-            sink = JsonlSink(c.path)
+            sink = self._own_sink(settings)
         return Committer(
             self.store,
             sink,
@@ -106,6 +107,24 @@ class Pipeline:
             on_commit=self._batch_committed,
             on_failure=lambda batch_id: self.metrics.batches.labels("failed").inc(),
         )
+
+    def _own_sink(self, settings: OnlineSettings) -> Sink:
+        """The sink ``committer.kind`` names (closed with the pipeline)."""
+        c = settings.committer
+        if c.kind == "local":
+            from .local import LocalSink, options_of
+
+            sink: Sink = LocalSink(
+                c.path,
+                admin_url=policy_admin_url(settings),
+                admin_key=self.secrets.policy_admin_key,
+                options=options_of(c.local),
+                timeout_s=c.local.swap_timeout_s,
+            )
+        else:
+            sink = JsonlSink(c.path)
+        self._sinks.append(sink)
+        return sink
 
     def start(self) -> Pipeline:
         """Start the reward calculator and the committer (once)."""
@@ -293,6 +312,15 @@ class Pipeline:
             except Exception:  # noqa: BLE001 - shutting down is best effort
                 _log.exception("stopping %s failed", type(part).__name__)
                 ok = False
+        for sink in self._sinks:
+            closer = getattr(sink, "close", None)
+            if closer is None:
+                continue
+            try:
+                closer()
+            except Exception:  # noqa: BLE001
+                _log.exception("closing the sink %s failed", type(sink).__name__)
+        self._sinks = []
         for judge in self._judges:
             try:
                 judge.close()

@@ -46,8 +46,8 @@ __all__ = ["OnlineChatModel", "OnlineChatResponse", "OnlineTrainer"]
 
 _log = logging.getLogger("reinforge_online.trainer")
 _IN_PROCESS = "http://in-process.invalid/v1"  # settings need an upstream URL; the Python API sends nothing there
-_BACKENDS = ("none", "sink")
-_BACKENDS_NOT_YET = ("local", "trinity")
+_BACKENDS = ("none", "sink", "local")
+_BACKENDS_NOT_YET = ("trinity",)
 
 
 def _reward_settings(reward: Any, **options: Any) -> RewardSettings | None:
@@ -66,12 +66,25 @@ def _reward_settings(reward: Any, **options: Any) -> RewardSettings | None:
     return load_settings(RewardSettings, {**data, **options}, where="OnlineTrainer()", prefix="reward")
 
 
+def _swap_key(settings: OnlineSettings) -> str | None:
+    """The policy server's admin key for the local committer (from ``committer.local.admin_key_env``)."""
+    name = settings.committer.local.admin_key_env
+    if settings.committer.kind != "local" or not name:
+        return None
+    value = os.environ.get(name)
+    if not value:
+        raise ConfigError(f"committer.local.admin_key_env: the environment variable {name} is not set or empty")
+    return value
+
+
 class OnlineTrainer:
     """Samples an agent's model calls, records them, rewards them and commits rewarded batches.
 
     :param backend: where rewarded batches go: ``"sink"`` (JSONL files in ``batches``), ``"none"``
-        (they stay in the store), or any object with ``send(batch_id, rows)`` (called again with the
-        same id after a failure). ``"local"`` and ``"trinity"`` are not there yet (an error says so).
+        (they stay in the store), ``"local"`` (train the served policy's LoRA into the run folder
+        ``batches`` and hot-swap it in: ``local`` holds ``committer.local``'s keys, ``admin_url`` and
+        ``admin_key_env`` at least), or any object with ``send(batch_id, rows)`` (called again with the
+        same id after a failure). ``"trinity"`` is not there yet (an error says so).
     :param selection: which calls are sampled (default ``SamplingRate(0.1)``, sticky per session).
     :param reward: a judge (function, registered name, ``module:attr``), a list of them (weights as in a
         run file: ``{"ref": judge, "weight": 0.5}``), or a run file's path (its judges); None: rewards
@@ -104,6 +117,7 @@ class OnlineTrainer:
         stop_timeout_s: float = 10.0,
         settings: OnlineSettings | None = None,
         metrics: Metrics | None = None,
+        local: Mapping[str, Any] | None = None,
     ) -> None:
         sink: Sink | None = None
         default_selection: Selection | None = None  # from online.yaml's selection when settings are given
@@ -119,6 +133,11 @@ class OnlineTrainer:
                 raise ConfigError(f"OnlineTrainer(): backend: expected one of {', '.join(_BACKENDS)}, got {backend!r}")
             else:
                 kind = backend
+            if kind == "local" and not (local or {}).get("admin_url"):
+                raise ConfigError(
+                    "OnlineTrainer(): local: admin_url is required with backend='local' (the reinforge serve"
+                    " root whose /admin/adapter loads each checkpoint)"
+                )
             if str(store).startswith(("postgresql://", "postgres://")):
                 store_settings: dict[str, Any] = {"url": str(store)}  # password: libpq's PGPASSWORD or .pgpass
             else:
@@ -145,6 +164,7 @@ class OnlineTrainer:
                     "interval_s": commit_interval_s,
                     "min_traces": min_traces,
                     "path": str(Path(batches).expanduser().resolve()),
+                    **({"local": dict(local)} if local is not None else {}),
                 },
             }
             settings = load_settings(OnlineSettings, data, where="OnlineTrainer()")
@@ -163,6 +183,7 @@ class OnlineTrainer:
             feedback_secret=feedback_secret or _secrets.token_bytes(32),
             upstream_key=None,
             policy_key=None,
+            policy_admin_key=_swap_key(settings),
         )
         self.stop_timeout_s = stop_timeout_s
         self.pipeline = Pipeline(

@@ -1,0 +1,195 @@
+"""The local committer: batches to training samples, a worker process, the swap, resends and restarts.
+
+The worker process and the HTTP swap are real (a spawned process, uvicorn on 127.0.0.1); the trainer
+in it is scripted here. The same sink with the real SmolLM2 and a real ``reinforge serve`` is tested in
+reinforge-backend-local's tests (``test_online_local.py``), where torch is installed.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+from typing import Any
+
+import pytest
+from local_testlib import SCRIPTED, SWAP_KEY, FakeAdmin, trained
+from online_testlib import BackgroundServer, settings
+from test_committer import reward
+
+from reinforge.plugin import ConfigError
+from reinforge_online.committer import Committer
+from reinforge_online.config import LocalCommitterSettings, policy_admin_url, resolve_secrets
+from reinforge_online.local import LocalSink, SwapError, options_of, traces_of
+from reinforge_online.store import CallRecord, TraceStore
+
+
+def row(trace: str, reward: float | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"trace_id": trace, "reward": reward, "calls": calls}
+
+
+def pcall(question: str, tokens: list[int], temperature: float | None = 0.7, **over: Any) -> dict[str, Any]:
+    request: dict[str, Any] = {"messages": [{"role": "user", "content": question}]}
+    if temperature is not None:
+        request["temperature"] = temperature
+    return {
+        "request": request,
+        "prompt_token_ids": [1, 2, 3],
+        "token_ids": tokens,
+        "logprobs": [-0.5] * len(tokens),
+        **over,
+    }
+
+
+def test_rows_become_traces_with_their_calls_temperature_and_cluster():
+    rows = [
+        row("a", 1.0, [pcall("q", [5, 6]), pcall("q again", [7], temperature=None)]),
+        row("b", 0.0, [pcall("q", [8], token_ids=None), pcall("q", [9], logprobs=[-1.0, -2.0])]),
+        row("c", None, [pcall("q", [1])]),  # no reward: not trained
+    ]
+    a, b = traces_of(rows)
+    assert [c.completion_ids for c in a.calls] == [[5, 6], [7]]
+    assert [c.temperature for c in a.calls] == [0.7, 1.0]  # serve's default when the request sets none
+    assert a.cluster == b.cluster  # the same first question
+    assert b.calls == [] and b.skipped == 2  # no token ids; logprobs of another length
+
+
+@pytest.fixture
+def admin():
+    fake = FakeAdmin()
+    with BackgroundServer(fake.app()) as server:
+        yield fake, server
+
+
+def make_sink(tmp_path, server, **over: Any) -> LocalSink:
+    options = {**options_of(LocalCommitterSettings()), "trainer": SCRIPTED, **over}
+    return LocalSink(tmp_path / "run", admin_url=server.base, admin_key=over.pop("key", SWAP_KEY), options=options)
+
+
+def test_a_batch_trains_once_with_baseline_advantages_then_is_swapped_in(tmp_path, admin):
+    fake, server = admin
+    sink = make_sink(tmp_path, server)
+    try:
+        rows = [
+            row("a", 1.0, [pcall("q1", [5]), pcall("q1 more", [6])]),
+            row("b", 0.0, [pcall("q1", [7])]),
+            row("c", 0.5, [pcall("q2", [8], token_ids=None)]),  # nothing trainable: no samples
+        ]
+        sink.send("batch-1", rows)
+        (done,) = trained(sink.run_dir)
+        samples = done["samples"]
+        assert [s["completion_ids"] for s in samples] == [[5], [6], [7]]
+        assert [s["advantage"] for s in samples] == [1.0, 1.0, -1.0]  # leave-one-out within cluster q1
+        assert [s["weight"] for s in samples] == [0.5, 0.5, 1.0]  # 1 / calls of the trace
+        assert {s["temperature"] for s in samples} == {0.7}
+        assert fake.paths == [str(sink.run_dir / "checkpoints" / "step-1")]
+        assert sink.last["server"]["policy_version"] == 1 and sink.skipped_calls == 1
+        sink.send("batch-1", rows)  # the outbox resends after a lost acknowledgement: no second update
+        assert len(trained(sink.run_dir)) == 1 and len(fake.paths) == 2
+    finally:
+        sink.close()
+
+
+def test_a_failed_swap_raises_and_the_resend_only_swaps(tmp_path, admin):
+    fake, server = admin
+    fake.fail = 1
+    sink = make_sink(tmp_path, server)
+    try:
+        rows = [row("a", 1.0, [pcall("q", [5])]), row("b", 0.0, [pcall("p", [6])])]
+        with pytest.raises(SwapError, match="HTTP 500"):
+            sink.send("b1", rows)
+        assert len(trained(sink.run_dir)) == 1 and fake.paths == []
+        sink.send("b1", rows)
+        assert len(trained(sink.run_dir)) == 1 and len(fake.paths) == 1
+    finally:
+        sink.close()
+
+
+def test_a_wrong_admin_key_is_a_swap_error_and_nothing_is_loaded(tmp_path, admin):
+    fake, server = admin
+    sink = make_sink(tmp_path, server, key="wrong")
+    try:
+        with pytest.raises(SwapError, match="401"):
+            sink.send("b1", [row("a", 1.0, [pcall("q", [5])]), row("b", 0.0, [pcall("p", [6])])])
+        assert fake.paths == []
+    finally:
+        sink.close()
+
+
+def test_a_worker_that_dies_is_replaced_and_resumes_from_the_run_folder(tmp_path, admin):
+    fake, server = admin
+    sink = make_sink(tmp_path, server, die_on="b2")
+    try:
+        sink.send("b1", [row("a", 1.0, [pcall("q", [5])]), row("b", 0.0, [pcall("p", [6])])])
+        rows = [row("c", 1.0, [pcall("q", [7])])]
+        with pytest.raises(concurrent.futures.process.BrokenProcessPool):
+            sink.send("b2", rows)
+        sink.send("b2", rows)
+        assert [t["batch_id"] for t in trained(sink.run_dir)] == ["b1", "b2"]
+        starts = (sink.run_dir / "starts.txt").read_text().split()
+        assert len(starts) == 2 and str(os.getpid()) not in starts  # trained in two worker processes, not here
+        # b2's advantage comes from b1's saved moving average (1.0, then 0.0 at decay 0.9: 0.9)
+        assert trained(sink.run_dir)[1]["samples"][0]["advantage"] == pytest.approx(1.0 - 0.9)
+        assert len(fake.paths) == 2
+    finally:
+        sink.close()
+
+
+def test_the_committer_keeps_a_batch_committing_until_the_server_serves_it(tmp_path, admin):
+    fake, server = admin
+    fake.fail = 1
+    store = TraceStore(tmp_path / "t.sqlite")
+    sink = make_sink(tmp_path, server)
+    try:
+        for i, r in enumerate([1.0, 0.0]):
+            store.record(
+                CallRecord(
+                    trace_id=f"t{i}",
+                    call_id=f"c{i}",
+                    route="/v1/chat/completions",
+                    mode="route",
+                    request={"messages": [{"role": "user", "content": "same"}], "temperature": 0.8},
+                    response={},
+                    prompt_token_ids=[1, 2],
+                    token_ids=[10 + i],
+                    logprobs=[-0.3],
+                )
+            ).result(10)
+            reward(store, f"t{i}", r)
+        committer = Committer(store, sink)
+        with pytest.raises(SwapError):
+            committer.run_once()
+        (batch_id,) = store.submit(lambda db: [r[0] for r in db.execute("SELECT batch_id FROM batches")]).result(10)
+        assert store.batch_state(batch_id) == "committing"
+        assert committer.run_once() == [batch_id]  # resent with the same id: trained once, swapped now
+        assert store.batch_state(batch_id) == "committed"
+        (done,) = trained(sink.run_dir)
+        assert done["batch_id"] == batch_id and [s["advantage"] for s in done["samples"]] == [1.0, -1.0]
+    finally:
+        sink.close()
+        store.close()
+
+
+def test_local_committer_settings_are_checked_and_the_admin_url_comes_from_the_policy(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="test.yaml: committer.local.admin_key_env: .*reinforge serve --admin-key"):
+        settings("http://up", "http://127.0.0.1:9/v1", tmp_path / "t.sqlite", committer={"kind": "local"})
+    with pytest.raises(ConfigError, match=r"committer\.local\.baseline\.kind"):
+        settings(
+            "http://up",
+            "http://127.0.0.1:9/v1",
+            tmp_path / "t.sqlite",
+            committer={"kind": "local", "local": {"admin_key_env": "S", "baseline": {"kind": "group"}}},
+        )
+    s = settings(
+        "http://up",
+        "http://127.0.0.1:9/v1",
+        tmp_path / "t.sqlite",
+        committer={"kind": "local", "local": {"admin_key_env": "SWAP", "learning_rate": 3e-4}},
+    )
+    assert policy_admin_url(s) == "http://127.0.0.1:9"
+    for name, value in {"T": "t", "A": "a", "F": "f", "SWAP": "s"}.items():
+        monkeypatch.setenv(name, value)
+    assert resolve_secrets(s).policy_admin_key == "s"
+    monkeypatch.delenv("SWAP")
+    with pytest.raises(ConfigError, match="committer.local.admin_key_env: the environment variable SWAP"):
+        resolve_secrets(s)
+    assert options_of(s.committer.local)["learning_rate"] == 3e-4
