@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -32,7 +31,7 @@ from .config import CHAT_ROUTE, OnlineSettings, Secrets
 from .errors import ApiError, parse_json
 from .metrics import Metrics
 from .pipeline import Pipeline, task_of
-from .proxy import Upstream, raw_chunks, request_headers, response_headers
+from .proxy import Upstream, UpstreamError, UpstreamResponse, raw_chunks, request_headers, response_headers
 from .ratelimit import RateLimiter
 from .redact import Redactor
 from .selection import Selection
@@ -120,27 +119,25 @@ def _strip(data: dict[str, Any], token_ids: bool, logprobs: bool) -> dict[str, A
 _BUFFERED = 1 << 20  # bodies up to this size with a content-length go out in one piece
 
 
-async def _relayed(resp: httpx.Response) -> Response:
+async def _relayed(resp: UpstreamResponse) -> Response:
     """The upstream's response as the client gets it: status, headers, body bytes as sent.
 
     A small body of known length is read whole and sent in one message (cheaper than a
     streamed response); anything else, server-sent events included, streams through chunk by chunk.
     """
-    headers = response_headers(list(resp.headers.raw))
-    length = resp.headers.get("content-length", "")
-    streamed = "text/event-stream" in resp.headers.get("content-type", "")
+    headers = response_headers(resp.raw_headers)
+    length = resp.header("content-length") or ""
+    streamed = "text/event-stream" in (resp.header("content-type") or "")
     if not streamed and length.isdigit() and int(length) <= _BUFFERED:
         try:
-            body = b"".join([chunk async for chunk in resp.aiter_raw()])
-        except httpx.HTTPError as exc:
+            body = await resp.read()
+        except UpstreamError as exc:
             raise ApiError(
-                f"the upstream's response broke off: {type(exc).__name__}: {exc}",
+                f"the upstream's response broke off: {exc}",
                 status=502,
                 code="upstream_broke_off",
                 kind="server_error",
             ) from exc
-        finally:
-            await resp.aclose()
         out = Response(body, status_code=resp.status_code)
     else:
         out = StreamingResponse(raw_chunks(resp), status_code=resp.status_code)
@@ -172,7 +169,6 @@ class _CountRequests:
             self.metrics.requests.labels(_route(scope["path"]), scope.get(_PATH_KEY, "gateway"), str(status[0])).inc()
 
 
-_CLIENT_DEFAULTS = ("accept", "accept-encoding", "user-agent")
 _ROUTES = (CHAT_ROUTE, "/v1/models", "/healthz", "/metrics", FEEDBACK_ROUTE)
 
 
@@ -276,20 +272,16 @@ class Gateway:
         """``raw`` to the upstream unchanged; its response back as it comes."""
         request.scope[_PATH_KEY] = path
         up = self.upstream
-        req = up.client.build_request(
-            method,
-            up.target(request.url.path),
-            params=request.url.query or None,
-            content=raw if method == "POST" else None,
-            headers=request_headers(request.headers.raw, up.key),
-        )
-        for name in _CLIENT_DEFAULTS:  # httpx's own defaults: the upstream sees the client's, or none
-            if name not in request.headers:
-                del req.headers[name]
         before = time.perf_counter() - start
         try:
-            resp = await up.client.send(req, stream=True)
-        except httpx.HTTPError as exc:
+            resp = await up.send(
+                method,
+                up.target(request.url.path),
+                query=request.url.query or None,
+                content=raw if method == "POST" else None,
+                headers=request_headers(request.headers.raw, up.key),
+            )
+        except UpstreamError as exc:
             raise self._unreachable(request, exc) from exc
         out = await _relayed(resp)
         self.metrics.added.labels(path).observe(before)
@@ -364,25 +356,20 @@ class Gateway:
             headers = {
                 k.decode("latin-1"): v.decode("latin-1") for k, v in request_headers(request.headers.raw, up.key)
             }
-        req = up.client.build_request("POST", up.target(CHAT_ROUTE), content=json.dumps(payload), headers=headers)
         before = time.perf_counter() - start
         sent = time.perf_counter()
         try:
-            resp = await up.client.send(req, stream=True)
-        except httpx.TimeoutException as exc:
+            resp = await up.send("POST", up.target(CHAT_ROUTE), content=json.dumps(payload).encode(), headers=headers)
+        except UpstreamError as exc:
             if mode == "route":
-                raise _Fallback("timeout") from exc
-            raise self._unreachable(request, exc) from exc
-        except httpx.HTTPError as exc:
-            if mode == "route":
-                raise _Fallback("unreachable") from exc
+                raise _Fallback("timeout" if exc.timeout else "unreachable") from exc
             raise self._unreachable(request, exc) from exc
         if resp.status_code != 200:
             if mode == "route":
                 await resp.aclose()
                 raise _Fallback("server_error" if resp.status_code >= 500 else "rejected")
             return await _relayed(resp)  # the upstream's own answer
-        version = resp.headers.get("x-policy-version")
+        version = resp.header("x-policy-version")
         record = CallRecord(
             trace_id=trace_id,
             call_id=uuid.uuid4().hex,
@@ -404,7 +391,7 @@ class Gateway:
                 headers={"cache-control": "no-cache", **self.pipeline.trace_headers(trace_id)},
             )
         try:
-            data = json.loads(await resp.aread())
+            data = json.loads(await resp.read())
             choices = data["choices"]
             if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
                 raise TypeError("choices must be a list of objects")
@@ -432,18 +419,18 @@ class Gateway:
         self.metrics.added.labels(request.scope[_PATH_KEY]).observe(before + time.perf_counter() - after)
         return response
 
-    def _unreachable(self, request: Request, exc: Exception) -> ApiError:
+    def _unreachable(self, request: Request, exc: UpstreamError) -> ApiError:
         """The client's error when the upstream cannot be asked: 504 for a timeout, else 502."""
         request.scope[_PATH_KEY] = "gateway"
-        if isinstance(exc, httpx.TimeoutException):
+        if exc.timeout:
             return ApiError(
-                f"the upstream API did not answer in time: {type(exc).__name__}",
+                f"the upstream API did not answer in time: {exc}",
                 status=504,
                 code="upstream_timeout",
                 kind="server_error",
             )
         return ApiError(
-            f"the upstream API is unreachable: {type(exc).__name__}: {exc}",
+            f"the upstream API is unreachable: {exc}",
             status=502,
             code="upstream_unreachable",
             kind="server_error",
@@ -451,7 +438,7 @@ class Gateway:
 
     async def _relay(
         self,
-        resp: httpx.Response,
+        resp: UpstreamResponse,
         record: CallRecord,
         sent: float,
         want_ids: bool,
@@ -470,7 +457,7 @@ class Gateway:
         first_at: float | None = None
         buffer = b""
         try:
-            async for piece in resp.aiter_bytes():
+            async for piece in resp.chunks():
                 buffer += piece.replace(b"\r\n", b"\n")
                 while b"\n\n" in buffer:
                     event, buffer = buffer.split(b"\n\n", 1)
@@ -507,7 +494,7 @@ class Gateway:
                     if model is not None and "model" in out:
                         out["model"] = model
                     yield b"data: " + json.dumps(out).encode() + b"\n\n"
-        except httpx.HTTPError:
+        except UpstreamError:
             _log.warning("the policy's stream broke off; the call is not recorded")
             return
         finally:

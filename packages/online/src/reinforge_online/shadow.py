@@ -22,12 +22,11 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from reinforge.plugin import ConfigError, Kind, Registry, ResolveError, resolve_ref
 
 from .config import CHAT_ROUTE, OnlineSettings
 from .pipeline import task_of
+from .proxy import UpstreamError
 from .store import CallRecord
 
 if TYPE_CHECKING:
@@ -132,12 +131,13 @@ class ShadowRunner:
                 payload["model"] = model
             sent = time.perf_counter()
             try:
-                resp = await up.client.post(
-                    up.target(CHAT_ROUTE), content=json.dumps(payload), headers=up.own_headers()
+                resp = await up.send(
+                    "POST", up.target(CHAT_ROUTE), content=json.dumps(payload).encode(), headers=up.own_headers()
                 )
+                raw = await resp.read()
                 if resp.status_code != 200:
-                    raise httpx.HTTPStatusError(f"status {resp.status_code}", request=resp.request, response=resp)
-                data = resp.json()
+                    raise UpstreamError(f"status {resp.status_code}")
+                data = json.loads(raw)
                 choice = data["choices"][0]
                 message = dict(choice["message"])
             except Exception as exc:  # noqa: BLE001 - the policy's problem: counted, the breaker told
@@ -157,7 +157,7 @@ class ShadowRunner:
                 prompt_token_ids=data.get("prompt_token_ids"),
                 token_ids=choice.get("token_ids"),
                 logprobs=[float(e["logprob"]) for e in ((choice.get("logprobs") or {}).get("content") or ())] or None,
-                policy_version=resp.headers.get("x-policy-version"),
+                policy_version=resp.header("x-policy-version"),
                 timing={"received_at": time.time(), "upstream_s": time.perf_counter() - sent},
                 task=task_of(body),
             )
