@@ -136,3 +136,21 @@ def test_traffic_through_the_gateway_trains_and_swaps_the_served_adapter(
     assert trainer.step == 1 and trainer.trained(batch_id) and trainer.latest() == checkpoint
     again = trainer.train(batch_id, [])
     assert again == {"checkpoint": str(checkpoint), "trained": False, "step": 1}
+
+
+def test_a_batch_split_into_mini_batches_takes_one_optimizer_step_each(tmp_path: Path, model_folder: Any) -> None:
+    from reinforge.plugin import ConfigError
+    from reinforge_backend_local.adapter_trainer import AdapterTrainer
+
+    samples = [
+        {"prompt_ids": [1, 2, 3 + i], "completion_ids": [40 + i, 41], "old_logprobs": [-1.0, -1.0], "advantage": a}
+        for i, a in enumerate((1.0, -1.0, 0.5, -0.5, 1.0))
+    ]
+    trainer = AdapterTrainer(tmp_path / "run", model_path=str(model_folder), mini_batch_size=2, learning_rate=1e-3)
+    out = trainer.train("b1", samples)
+    assert out["trained"] and out["metrics"]["train/optimizer_steps"] == 3.0  # 2 + 2 + 1
+    assert out["metrics"]["train/samples"] == 5.0
+    steps = {int(state["step"]) for state in trainer.trainer.optimizer.state.values()}
+    assert steps == {3}
+    with pytest.raises(ConfigError, match="mini_batch_size: must be at least 1"):
+        AdapterTrainer(tmp_path / "other", model_path=str(model_folder), mini_batch_size=0)

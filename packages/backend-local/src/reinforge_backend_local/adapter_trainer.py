@@ -47,6 +47,8 @@ class AdapterTrainer:
     :param lora: rank, alpha, dropout and target modules of a fresh adapter (``ModelConfig``'s keys); a
         resumed run keeps the shape its checkpoints have.
     :param loss: the loss settings (PPO clip, KL to the base model, epochs, gradient clipping).
+    :param mini_batch_size: samples per optimizer step: a batch larger than this is split, in order, into
+        that many PPO mini-batches (each clipped against the served logprobs); None: one step per batch.
     :param keep: checkpoints kept in ``run_dir`` (the oldest go; at least 1).
     """
 
@@ -60,6 +62,7 @@ class AdapterTrainer:
         learning_rate: float = 1e-5,
         loss: LossSettings | None = None,
         micro_batch_tokens: int | None = 1024,
+        mini_batch_size: int | None = None,
         dtype: str = "float32",
         device: str = "cpu",
         keep: int = 3,
@@ -70,6 +73,9 @@ class AdapterTrainer:
         random.seed(seed)
         self.run_dir = Path(run_dir).expanduser().absolute()
         self.keep = max(1, keep)
+        if mini_batch_size is not None and mini_batch_size < 1:
+            raise ConfigError(f"mini_batch_size: must be at least 1, got {mini_batch_size}")
+        self.mini_batch_size = mini_batch_size
         model, tokenizer, self.folder = load_policy(model_path or DEFAULT_MODEL, dtype=dtype, device=device)
         self.tokenizer = tokenizer
         latest = checkpoint.latest(self.run_dir)
@@ -137,7 +143,7 @@ class AdapterTrainer:
         if self.trained(batch_id):
             return {"checkpoint": str(self.latest()), "trained": False, "step": self.step}
         items = [s if isinstance(s, Sample) else Sample(**s) for s in samples]
-        metrics = self.trainer.step(Samples(items=items)) if items else {"train/skipped_step": 1.0}
+        metrics = self._steps(items) if items else {"train/skipped_step": 1.0}
         release_free_memory()
         step = self.step + 1
         state = {
@@ -157,6 +163,18 @@ class AdapterTrainer:
         self.state = state
         self._prune()
         return {"checkpoint": str(folder), "trained": True, "step": step, "metrics": state["metrics"]}
+
+    def _steps(self, items: list[Sample]) -> dict[str, float]:
+        """One optimizer step per mini-batch; the metrics of each, averaged (sums for counts and times)."""
+        size = self.mini_batch_size or len(items)
+        steps = [self.trainer.step(Samples(items=items[i : i + size])) for i in range(0, len(items), size)]
+        out: dict[str, float] = {}
+        for key in steps[0]:
+            values = [float(m.get(key, 0.0)) for m in steps]
+            summed = key.startswith(("time/", "train/"))
+            out[key] = sum(values) if summed else sum(values) / len(values)
+        out["train/optimizer_steps"] = float(len(steps))
+        return out
 
     # -- the run folder --------------------------------------------------------------------------
 

@@ -246,6 +246,7 @@ class LocalCommitterSettings(Settings):
     ppo_epochs: int = 1
     max_grad_norm: float = 1.0
     micro_batch_tokens: int = 1024
+    mini_batch_size: int | None = None  # samples per optimizer step (a batch is split); None: one step per batch
     threads: int | None = None  # torch threads of the training worker (default: all cores)
     keep_checkpoints: int = 3
     seed: int = 0
@@ -264,6 +265,8 @@ class LocalCommitterSettings(Settings):
         at_least("ppo_epochs", self.ppo_epochs, 1)
         at_least("max_grad_norm", self.max_grad_norm, 0.0, strict=True)
         at_least("micro_batch_tokens", self.micro_batch_tokens, 1)
+        if self.mini_batch_size is not None:
+            at_least("mini_batch_size", self.mini_batch_size, 1)
         if self.threads is not None:
             at_least("threads", self.threads, 1)
         at_least("keep_checkpoints", self.keep_checkpoints, 1)

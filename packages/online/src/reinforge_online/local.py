@@ -140,6 +140,7 @@ def adapter_trainer(options: dict[str, Any]) -> Any:
         learning_rate=options["learning_rate"],
         loss=loss,
         micro_batch_tokens=options["micro_batch_tokens"],
+        mini_batch_size=options.get("mini_batch_size"),
         keep=options["keep_checkpoints"],
         seed=options["seed"],
     )
@@ -319,6 +320,7 @@ def options_of(local: Any, *, threads_default: int | None = None) -> dict[str, A
         "ppo_epochs": local.ppo_epochs,
         "max_grad_norm": local.max_grad_norm,
         "micro_batch_tokens": local.micro_batch_tokens,
+        "mini_batch_size": local.mini_batch_size,
         "keep_checkpoints": local.keep_checkpoints,
         "seed": local.seed,
         "threads": local.threads or threads_default or os.cpu_count(),
