@@ -35,6 +35,7 @@ class ScriptedTrainer:
         self.state: dict[str, Any] = json.loads(state.read_text()) if state.exists() else {"step": 0, "batches": []}
         with open(self.run_dir / "starts.txt", "a") as f:
             f.write(f"{os.getpid()}\n")
+        (self.run_dir / "nice.txt").write_text(str(os.nice(0)))
 
     @property
     def step(self) -> int:

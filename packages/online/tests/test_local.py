@@ -193,3 +193,13 @@ def test_local_committer_settings_are_checked_and_the_admin_url_comes_from_the_p
     with pytest.raises(ConfigError, match="committer.local.admin_key_env: the environment variable SWAP"):
         resolve_secrets(s)
     assert options_of(s.committer.local)["learning_rate"] == 3e-4
+
+
+def test_the_worker_trains_at_a_lower_priority_than_the_gateway(tmp_path, admin):
+    _, server = admin
+    sink = make_sink(tmp_path, server, nice=7)
+    try:
+        sink.status()
+        assert int((sink.run_dir / "nice.txt").read_text()) == min(19, os.nice(0) + 7)
+    finally:
+        sink.close()

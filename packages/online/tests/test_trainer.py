@@ -211,9 +211,11 @@ def test_a_real_openai_client_gets_token_ids_through_extra_body(tmp_path, upstre
         assert asyncio.run(model.chat(MESSAGES)).content == "from the upstream \u00e9"
 
 
-def test_backends_not_there_yet_and_bad_ones_are_clear_errors(tmp_path):
-    with pytest.raises(ConfigError, match="backend: the trinity backend is not implemented yet"):
+def test_bad_backends_and_their_settings_are_clear_errors(tmp_path):
+    with pytest.raises(ConfigError, match="committer.trinity.url: .*exactly one of"):
         OnlineTrainer(backend="trinity", store=tmp_path / "t.sqlite")
+    with pytest.raises(ConfigError, match="backend: expected one of none, sink, local, trinity, got 'ray'"):
+        OnlineTrainer(backend="ray", store=tmp_path / "t.sqlite")
     with pytest.raises(ConfigError, match="local: admin_url is required with backend='local'"):
         OnlineTrainer(backend="local", store=tmp_path / "t.sqlite")
     with pytest.raises(ConfigError, match="backend: .* has no send"):

@@ -43,6 +43,7 @@ __all__ = [
     "SelectionSettings",
     "ShadowSettings",
     "StoreSettings",
+    "TrinityCommitterSettings",
     "UpstreamSettings",
     "load_config",
     "policy_admin_url",
@@ -53,8 +54,7 @@ CHAT_ROUTE = "/v1/chat/completions"
 ROUTES = (CHAT_ROUTE,)  # the routes a mode applies to: the ones that generate
 MODES = ("route", "record", "shadow")
 CONFLICT_POLICIES = ("first-wins", "last-before-commit")
-COMMITTERS = ("none", "sink", "local")
-COMMITTERS_NOT_YET = ("trinity",)
+COMMITTERS = ("none", "sink", "local", "trinity")
 BASELINES = ("cluster", "running")  # reinforge_online.baselines (not imported here: the config stays light)
 BASELINE_SCALES = ("none", "std")
 
@@ -248,6 +248,7 @@ class LocalCommitterSettings(Settings):
     micro_batch_tokens: int = 1024
     mini_batch_size: int | None = None  # samples per optimizer step (a batch is split); None: one step per batch
     threads: int | None = None  # torch threads of the training worker (default: all cores)
+    nice: int = 10  # the worker's niceness: training yields the CPU to the gateway and the server
     keep_checkpoints: int = 3
     seed: int = 0
     swap_timeout_s: float = 60.0
@@ -269,8 +270,23 @@ class LocalCommitterSettings(Settings):
             at_least("mini_batch_size", self.mini_batch_size, 1)
         if self.threads is not None:
             at_least("threads", self.threads, 1)
+        in_range("nice", self.nice, 0, 19)
         at_least("keep_checkpoints", self.keep_checkpoints, 1)
         at_least("swap_timeout_s", self.swap_timeout_s, 0.0, strict=True)
+
+
+@dataclass
+class TrinityCommitterSettings(Settings):
+    """The ``trinity`` committer: feedback and commit to a Trinity-RFT serve-mode explorer (``reinforge_online.trinity``)."""
+
+    url: str | None = None  # the explorer's proxy (root or .../v1)
+    job_dir: str | None = None  # ... or Trinity's checkpoint job folder (explorer_server_url.txt in it)
+    timeout_s: float = 60.0
+
+    def check(self) -> None:
+        if self.url is not None:
+            _url("url", self.url)
+        at_least("timeout_s", self.timeout_s, 0.0, strict=True)
 
 
 @dataclass
@@ -285,11 +301,14 @@ class CommitterSettings(Settings):
     retry_s: float = 1.0
     path: str = "batches"
     local: LocalCommitterSettings = field(default_factory=LocalCommitterSettings)
+    trinity: TrinityCommitterSettings = field(default_factory=TrinityCommitterSettings)
 
     def check(self) -> None:
-        if self.kind in COMMITTERS_NOT_YET:
-            raise FieldError("kind", f"the {self.kind} committer is not implemented yet in reinforge-online 0.2")
         one_of("kind", self.kind, COMMITTERS)
+        if self.kind == "trinity" and (self.trinity.url is None) == (self.trinity.job_dir is None):
+            raise FieldError(
+                "trinity.url", "the trinity committer needs exactly one of trinity.url and trinity.job_dir"
+            )
         at_least("interval_s", self.interval_s, 0.0, strict=True)
         at_least("min_traces", self.min_traces, 1)
         at_least("max_traces", self.max_traces, 1)
@@ -475,7 +494,8 @@ def policy_admin_url(settings: OnlineSettings) -> str:
 
 
 def load_config(path: str | Path, *, dev: bool = False) -> OnlineSettings:
-    """Read and check ``online.yaml``; a relative ``store.path`` is relative to the file's folder.
+    """Read and check ``online.yaml``; relative paths (``store.path``, ``committer.path``,
+    ``committer.trinity.job_dir``, ``reward.run``) are relative to the file's folder.
 
     ``dev`` (the command's ``--dev``) sets ``dev: true`` before the checks.
     """
@@ -497,6 +517,9 @@ def load_config(path: str | Path, *, dev: bool = False) -> OnlineSettings:
         where_to = Path(part.path).expanduser()
         if not where_to.is_absolute():
             part.path = str((file.parent / where_to).resolve())
+    job_dir = settings.committer.trinity.job_dir
+    if job_dir is not None and not Path(job_dir).expanduser().is_absolute():
+        settings.committer.trinity.job_dir = str((file.parent / Path(job_dir).expanduser()).resolve())
     if settings.reward is not None and settings.reward.run is not None:
         run = Path(settings.reward.run).expanduser()
         if not run.is_absolute():

@@ -152,6 +152,9 @@ def _trainer(options: dict[str, Any]) -> Any:
     if _TRAINER is None:
         import importlib
 
+        if options.get("nice"):
+            os.nice(int(options["nice"]))  # training yields the CPU to request handling (never the reverse)
+
         module, _, attr = str(options.get("trainer") or DEFAULT_TRAINER).partition(":")
         _TRAINER = getattr(importlib.import_module(module), attr)(options)
     return _TRAINER
@@ -324,6 +327,7 @@ def options_of(local: Any, *, threads_default: int | None = None) -> dict[str, A
         "keep_checkpoints": local.keep_checkpoints,
         "seed": local.seed,
         "threads": local.threads or threads_default or os.cpu_count(),
+        "nice": local.nice,
         "baseline": {
             "kind": b.kind,
             "decay": b.decay,

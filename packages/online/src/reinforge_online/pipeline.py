@@ -121,6 +121,11 @@ class Pipeline:
                 options=options_of(c.local),
                 timeout_s=c.local.swap_timeout_s,
             )
+        elif c.kind == "trinity":
+            from .trinity import TrinitySink
+
+            t = c.trinity
+            sink = TrinitySink(t.url, job_dir=t.job_dir, timeout_s=t.timeout_s)
         else:
             sink = JsonlSink(c.path)
         self._sinks.append(sink)

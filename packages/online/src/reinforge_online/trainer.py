@@ -46,8 +46,7 @@ __all__ = ["OnlineChatModel", "OnlineChatResponse", "OnlineTrainer"]
 
 _log = logging.getLogger("reinforge_online.trainer")
 _IN_PROCESS = "http://in-process.invalid/v1"  # settings need an upstream URL; the Python API sends nothing there
-_BACKENDS = ("none", "sink", "local")
-_BACKENDS_NOT_YET = ("trinity",)
+_BACKENDS = ("none", "sink", "local", "trinity")
 
 
 def _reward_settings(reward: Any, **options: Any) -> RewardSettings | None:
@@ -84,7 +83,8 @@ class OnlineTrainer:
         (they stay in the store), ``"local"`` (train the served policy's LoRA into the run folder
         ``batches`` and hot-swap it in: ``local`` holds ``committer.local``'s keys, ``admin_url`` and
         ``admin_key_env`` at least), or any object with ``send(batch_id, rows)`` (called again with the
-        same id after a failure). ``"trinity"`` is not there yet (an error says so).
+        same id after a failure), or ``"trinity"`` (feedback and commit to a Trinity-RFT serve-mode
+        explorer: ``trinity`` holds ``committer.trinity``'s keys, ``url`` or ``job_dir``).
     :param selection: which calls are sampled (default ``SamplingRate(0.1)``, sticky per session).
     :param reward: a judge (function, registered name, ``module:attr``), a list of them (weights as in a
         run file: ``{"ref": judge, "weight": 0.5}``), or a run file's path (its judges); None: rewards
@@ -118,6 +118,7 @@ class OnlineTrainer:
         settings: OnlineSettings | None = None,
         metrics: Metrics | None = None,
         local: Mapping[str, Any] | None = None,
+        trinity: Mapping[str, Any] | None = None,
     ) -> None:
         sink: Sink | None = None
         default_selection: Selection | None = None  # from online.yaml's selection when settings are given
@@ -127,8 +128,6 @@ class OnlineTrainer:
                 if not callable(getattr(backend, "send", None)):
                     raise ConfigError(f"OnlineTrainer(): backend: {backend!r} has no send(batch_id, rows)")
                 sink, kind = backend, "none"
-            elif backend in _BACKENDS_NOT_YET:
-                raise ConfigError(f"OnlineTrainer(): backend: the {backend} backend is not implemented yet")
             elif backend not in _BACKENDS:
                 raise ConfigError(f"OnlineTrainer(): backend: expected one of {', '.join(_BACKENDS)}, got {backend!r}")
             else:
@@ -165,6 +164,7 @@ class OnlineTrainer:
                     "min_traces": min_traces,
                     "path": str(Path(batches).expanduser().resolve()),
                     **({"local": dict(local)} if local is not None else {}),
+                    **({"trinity": dict(trinity)} if trinity is not None else {}),
                 },
             }
             settings = load_settings(OnlineSettings, data, where="OnlineTrainer()")

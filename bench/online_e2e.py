@@ -1,0 +1,479 @@
+"""Online learning end to end: simulated users through the gateway, 10% sampled, the served policy trained live.
+
+On this machine, all on 127.0.0.1 (each its own process):
+
+- ``reinforge serve`` with the default SmolLM2-135M-Instruct (``--threads 2``, an admin key for swaps): the
+  policy under training;
+- a fake production upstream (``bench/gateway_overhead.py --fake-server``: fixed short answers) for the
+  requests that are not sampled;
+- ``reinforge online serve``: ``route`` mode, ``sampling_rate`` 0.1 sticky per session, rewards from
+  ``examples/math/run.yaml``'s judges when a trace closes (``metadata`` carries the question and answer),
+  the ``local`` committer every ``--commit-s`` seconds (the served LoRA trained in the gateway's worker
+  process, then hot-swapped into the server).
+
+A user population sends math questions of ``examples/math/data/train.jsonl`` (the example's system prompt,
+``max_tokens`` 24, temperature 0.8, each question its own session) at ``--rate`` requests per second,
+open loop, for ``--minutes`` (at most ``--rate x --minutes x 60`` requests and ``--max-in-flight`` at
+once: bounded in count and time). Every tenth arrival is also sent straight to the fake upstream, so
+each minute has its own baseline: the gateway's added latency on unsampled requests is its p50/p99
+minus the direct one's, per minute. Held-out greedy accuracy of the served policy on
+``examples/math/data/test.jsonl`` (core's ``last_number`` judge, as the example's ``eval.accuracy_key``)
+is measured straight at the server before the users start and after they stop (and every
+``--eval-every-min`` minutes on ``--eval-mid-n`` questions, if set). After the run the gateway is
+stopped (SIGTERM) and every trace a user was acknowledged (a response with ``x-reinforge-trace-id``) is
+looked up in the SQLite store: none may be missing.
+
+Prints a markdown summary, then a JSON object as its last stdout line. Needs reinforge-backend-local and
+reinforge-online (with aiohttp) in this Python: ``nox -s bench -- online_e2e`` installs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[1]
+MATH = ROOT / "examples" / "math"
+SYSTEM_PROMPT = "You are a careful calculator. Reply with just the number."
+SERVED = "smollm2-135m-instruct"
+KEYS = {
+    "E2E_SERVE_KEY": "e2e-serve-traffic",
+    "E2E_SERVE_ADMIN": "e2e-serve-admin",
+    "E2E_UPSTREAM_KEY": "gwbench-upstream-key",  # the fake upstream's key (bench/gateway_overhead.py)
+    "E2E_TRAFFIC_KEY": "e2e-gateway-traffic",
+    "E2E_ADMIN_KEY": "e2e-gateway-admin",
+    "E2E_FEEDBACK_SECRET": "e2e-feedback-secret",
+}
+TARGETS = {"versions": 5, "accuracy_gain_points": 15.0, "unsampled_added_p50_ms": 1.0, "unsampled_added_p99_ms": 5.0}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def messages(question: str) -> list[dict[str, str]]:
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+class Proc:
+    """A server process: started, waited for on a URL, stopped with SIGTERM (then SIGKILL)."""
+
+    def __init__(self, name: str, argv: list[str], ready_url: str, log: Path, headers: dict[str, str] | None = None):
+        self.name, self.argv, self.ready_url, self.log, self.headers = name, argv, ready_url, log, headers or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, env: dict[str, str], timeout: float) -> float:
+        t0 = time.monotonic()
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        import urllib.request
+
+        while time.monotonic() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited with {self.proc.returncode}; see {self.log}")
+            try:
+                req = urllib.request.Request(self.ready_url, headers=self.headers)
+                with urllib.request.urlopen(req, timeout=2) as r:
+                    if r.status == 200:
+                        return time.monotonic() - t0
+            except OSError:
+                pass
+            time.sleep(0.25)
+        raise SystemExit(f"{self.name} was not ready within {timeout} s; see {self.log}")
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+
+# -- held-out accuracy -----------------------------------------------------------------------------------------
+
+
+async def accuracy(serve: str, tests: list[dict[str, Any]], concurrency: int = 32) -> dict[str, Any]:
+    """Greedy held-out accuracy of what the server serves now (core's ``last_number`` judge)."""
+    from reinforge.judges.rules import last_number
+
+    headers = {"authorization": f"Bearer {KEYS['E2E_SERVE_KEY']}"}
+    sem = asyncio.Semaphore(concurrency)
+    versions: set[str] = set()
+
+    async def one(session: aiohttp.ClientSession, task: dict[str, Any]) -> float:
+        body = {"model": SERVED, "messages": messages(task["question"]), "max_tokens": 24, "temperature": 0}
+        async with sem, session.post(f"{serve}/v1/chat/completions", json=body, headers=headers) as r:
+            data = await r.json()
+            versions.add(r.headers.get("x-policy-version", "?"))
+        text = data["choices"][0]["message"]["content"] or ""
+        return float(last_number(task, text).reward)
+
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        scores = await asyncio.gather(*(one(session, t) for t in tests))
+    return {
+        "accuracy": sum(scores) / len(scores),
+        "n": len(scores),
+        "policy_versions": sorted(versions),
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+# -- the users ---------------------------------------------------------------------------------------------------
+
+
+class Users:
+    """Open-loop arrivals at ``rate`` per second; latencies by minute; acknowledged trace ids."""
+
+    def __init__(self, gateway: str, upstream: str, train: list[dict[str, Any]], args: argparse.Namespace) -> None:
+        self.gateway, self.upstream, self.train, self.args = gateway, upstream, train, args
+        self.rng = random.Random(args.seed)
+        self.minutes: dict[int, dict[str, list[float]]] = {}
+        self.acknowledged: list[str] = []
+        self.counts = {"sent": 0, "sampled": 0, "unsampled": 0, "errors": 0, "not_sent": 0, "direct": 0}
+        self.errors: dict[str, int] = {}
+        self.in_flight = 0
+
+    def _minute(self, t: float) -> dict[str, list[float]]:
+        return self.minutes.setdefault(int(t // 60), {"unsampled": [], "sampled": [], "direct": []})
+
+    async def _one(self, session: aiohttp.ClientSession, task: dict[str, Any], t0: float, direct: bool) -> None:
+        body = {
+            "model": "gpt-production",
+            "messages": messages(task["question"]),
+            "max_tokens": 24,
+            "temperature": 0.8,
+            "metadata": {"question": task["question"], "answer": str(task["answer"])},
+        }
+        raw = json.dumps(body).encode()
+        self.in_flight += 1
+        try:
+            start = time.perf_counter()
+            headers = {
+                "authorization": f"Bearer {KEYS['E2E_TRAFFIC_KEY']}",
+                "content-type": "application/json",
+                "x-session-id": uuid.uuid4().hex,
+            }
+            async with session.post(f"{self.gateway}/v1/chat/completions", data=raw, headers=headers) as r:
+                await r.read()
+                elapsed = (time.perf_counter() - start) * 1000
+                trace = r.headers.get("x-reinforge-trace-id")
+                if r.status != 200:
+                    self.counts["errors"] += 1
+                    self.errors[str(r.status)] = self.errors.get(str(r.status), 0) + 1
+                elif trace:
+                    self.counts["sampled"] += 1
+                    self.acknowledged.append(trace)
+                    self._minute(start - t0)["sampled"].append(elapsed)
+                else:
+                    self.counts["unsampled"] += 1
+                    self._minute(start - t0)["unsampled"].append(elapsed)
+            if direct:
+                up_headers = {"authorization": f"Bearer {KEYS['E2E_UPSTREAM_KEY']}", "content-type": "application/json"}
+                start = time.perf_counter()
+                async with session.post(f"{self.upstream}/chat/completions", data=raw, headers=up_headers) as r:
+                    await r.read()
+                    if r.status == 200:
+                        self.counts["direct"] += 1
+                        self._minute(start - t0)["direct"].append((time.perf_counter() - start) * 1000)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self.counts["errors"] += 1
+            self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
+        finally:
+            self.in_flight -= 1
+
+    async def run(self, on_minute: Any) -> None:
+        a = self.args
+        total = int(a.rate * a.minutes * 60)
+        deadline = a.minutes * 60
+        connector = aiohttp.TCPConnector(limit=a.max_in_flight)
+        tasks: set[asyncio.Task[Any]] = set()
+        async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=300)) as session:
+            t0 = time.perf_counter()
+            next_minute = 60.0
+            for i in range(total):
+                due = i / a.rate
+                now = time.perf_counter() - t0
+                if now >= deadline:
+                    break
+                if due > now:
+                    await asyncio.sleep(due - now)  # pacing the arrivals (open loop), not a measurement
+                if time.perf_counter() - t0 >= next_minute:  # off the loop: the users' timings stay clean
+                    probe = asyncio.create_task(asyncio.to_thread(on_minute, int(next_minute // 60)))
+                    tasks.add(probe)
+                    probe.add_done_callback(tasks.discard)
+                    next_minute += 60.0
+                if self.in_flight >= a.max_in_flight:
+                    self.counts["not_sent"] += 1
+                    continue
+                self.counts["sent"] += 1
+                task = asyncio.create_task(self._one(session, self.rng.choice(self.train), t0, i % 10 == 0))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(tasks, timeout=300)
+
+    def by_minute(self) -> list[dict[str, Any]]:
+        out = []
+        for minute, m in sorted(self.minutes.items()):
+            row: dict[str, Any] = {"minute": minute, "unsampled": len(m["unsampled"]), "sampled": len(m["sampled"])}
+            for q, name in ((0.5, "p50"), (0.99, "p99")):
+                gw, direct = pct(m["unsampled"], q), pct(m["direct"], q)
+                row[f"unsampled_{name}_ms"] = None if gw is None else round(gw, 2)
+                row[f"direct_{name}_ms"] = None if direct is None else round(direct, 2)
+                row[f"added_{name}_ms"] = None if gw is None or direct is None else round(gw - direct, 2)
+                s = pct(m["sampled"], q)
+                row[f"sampled_{name}_ms"] = None if s is None else round(s, 1)
+            out.append(row)
+        return out
+
+
+# -- main ----------------------------------------------------------------------------------------------------------
+
+
+def gateway_config(work: Path, port: int, serve: str, upstream: str, args: argparse.Namespace) -> Path:
+    config = {
+        "upstream": {"url": upstream, "key_env": "E2E_UPSTREAM_KEY"},
+        "policy": {"url": f"{serve}/v1", "model": SERVED, "key_env": "E2E_SERVE_KEY", "timeout_s": 120},
+        "listen": {"host": "127.0.0.1", "port": port},
+        "auth": {
+            "traffic_key_env": "E2E_TRAFFIC_KEY",
+            "admin_key_env": "E2E_ADMIN_KEY",
+            "feedback_secret_env": "E2E_FEEDBACK_SECRET",
+        },
+        "mode": "route",
+        "selection": {"sampling_rate": args.sampling, "salt": "e2e"},
+        "store": {"path": str(work / "traces.sqlite")},
+        "reward": {"run": str(MATH / "run.yaml"), "close_after_s": 0},
+        "committer": {
+            "kind": "local",
+            "interval_s": args.commit_s,
+            "min_traces": 1_000_000,  # only the interval commits
+            "path": str(work / "online-run"),
+            "local": {
+                "admin_key_env": "E2E_SERVE_ADMIN",
+                "model": SERVED,
+                "learning_rate": args.lr,
+                "mini_batch_size": args.mini_batch,
+                "threads": args.train_threads,
+                "swap_timeout_s": 300,
+            },
+        },
+    }
+    path = work / "online.yaml"
+    path.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
+    return path
+
+
+def store_report(db: Path, acknowledged: list[str]) -> dict[str, Any]:
+    """Lost acknowledged traces, and the sampled traffic's reward per policy version (the training curve)."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        present = {r[0] for r in con.execute("SELECT trace_id FROM traces")}
+        query = "SELECT c.policy_version, r.reward FROM rewards r JOIN calls c ON c.trace_id = r.trace_id"
+        by_version: dict[str, list[float]] = {}
+        for version, reward in con.execute(query):
+            by_version.setdefault(str(version), []).append(float(reward))
+        curve = [
+            {"policy_version": v, "traces": len(by_version[v]), "mean_reward": statistics.mean(by_version[v])}
+            for v in sorted(by_version, key=lambda v: int(v) if v.isdigit() else -1)
+        ]
+        states = dict(con.execute("SELECT status, COUNT(*) FROM traces GROUP BY status").fetchall())
+        batches = dict(con.execute("SELECT state, COUNT(*) FROM batches GROUP BY state").fetchall())
+    finally:
+        con.close()
+    lost = [t for t in acknowledged if t not in present]
+    return {
+        "acknowledged": len(acknowledged),
+        "lost": len(lost),
+        "lost_ids": lost[:20],
+        "trace_states": states,
+        "batch_states": batches,
+        "curve": curve,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=15.0, help="how long the users send (15)")
+    p.add_argument("--rate", type=float, default=20.0, help="user requests per second through the gateway (20)")
+    p.add_argument("--sampling", type=float, default=0.1, help="the gateway's sampling rate (0.1)")
+    p.add_argument("--commit-s", type=float, default=60.0, help="the committer's interval (60)")
+    p.add_argument("--lr", type=float, default=3e-4, help="learning rate of the served LoRA (3e-4)")
+    p.add_argument("--mini-batch", type=int, default=32, help="samples per optimizer step (32)")
+    p.add_argument("--train-threads", type=int, default=2, help="torch threads of the training worker (2)")
+    p.add_argument("--serve-threads", type=int, default=2, help="torch threads of reinforge serve (2)")
+    p.add_argument("--max-in-flight", type=int, default=256, help="requests in flight at most (256)")
+    p.add_argument("--eval-n", type=int, default=200, help="held-out questions before and after (200)")
+    p.add_argument("--eval-every-min", type=float, default=0.0, help="a held-out check every N minutes (0: none)")
+    p.add_argument("--eval-mid-n", type=int, default=50, help="questions of each mid-run check (50)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work-dir", type=Path, help="configs, logs, store, run folder (default: a temporary folder)")
+    args = p.parse_args()
+
+    work = (args.work_dir or Path(tempfile.mkdtemp(prefix="online-e2e-"))).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **KEYS, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_PROXY": "127.0.0.1,localhost"}
+    train, tests = rows(MATH / "data" / "train.jsonl"), rows(MATH / "data" / "test.jsonl")[: args.eval_n]
+    py = sys.executable
+    serve_port, fake_port, gw_port = free_port(), free_port(), free_port()
+    serve_url, upstream_v1 = f"http://127.0.0.1:{serve_port}", f"http://127.0.0.1:{fake_port}/v1"
+    gw_url = f"http://127.0.0.1:{gw_port}"
+    auth = {"authorization": f"Bearer {KEYS['E2E_SERVE_KEY']}"}
+    serve = Proc(
+        "serve",
+        [py, "-m", "reinforge", "serve", SERVED, "--port", str(serve_port), "--threads", str(args.serve_threads)]
+        + ["--api-key-env", "E2E_SERVE_KEY", "--admin-key-env", "E2E_SERVE_ADMIN", "--max-model-len", "512"]
+        + ["--log-level", "warning"],
+        f"{serve_url}/v1/models",
+        work / "serve.log",
+        auth,
+    )
+    fake = Proc(
+        "upstream",
+        [py, str(ROOT / "bench" / "gateway_overhead.py"), "--fake-server", str(fake_port)],
+        f"{upstream_v1}/models",
+        work / "upstream.log",
+    )
+    config = gateway_config(work, gw_port, serve_url, upstream_v1, args)
+    gateway = Proc(
+        "gateway",
+        [py, "-m", "reinforge", "online", "serve", str(config), "--log-level", "warning"],
+        f"{gw_url}/healthz",
+        work / "gateway.log",
+    )
+
+    def version_now() -> str:
+        import urllib.request
+
+        req = urllib.request.Request(f"{serve_url}/v1/models", headers=auth)
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return str(json.loads(r.read())["data"][0]["policy_version"])
+
+    result: dict[str, Any] = {"bench": "online_e2e", "args": {k: str(v) for k, v in vars(args).items()}}
+    result["work_dir"] = str(work)
+    print(f"work dir: {work}", file=sys.stderr)
+    try:
+        result["startup_s"] = {"serve": round(serve.start(env, 300), 1), "upstream": round(fake.start(env, 60), 1)}
+        before = asyncio.run(accuracy(serve_url, tests))
+        print(f"held-out before: {before}", file=sys.stderr)
+        result["startup_s"]["gateway"] = round(gateway.start(env, 120), 1)
+        result["policy_version_start"] = version_now()
+        versions: list[dict[str, Any]] = []
+        mid: list[dict[str, Any]] = []
+
+        started = time.monotonic()
+
+        def on_minute(minute: int) -> None:
+            v = version_now()
+            versions.append({"minute": minute, "policy_version": v})
+            print(f"minute {minute}: policy version {v}", file=sys.stderr)
+
+        users = Users(gw_url, upstream_v1, train, args)
+
+        async def drive() -> None:
+            load = asyncio.create_task(users.run(on_minute))
+            if args.eval_every_min > 0:
+                every = args.eval_every_min * 60
+                while not load.done():
+                    done, _ = await asyncio.wait({load}, timeout=every)
+                    if load.done():
+                        break
+                    check = await accuracy(serve_url, tests[: args.eval_mid_n], concurrency=8)
+                    check["minute"] = round((time.monotonic() - started) / 60, 1)
+                    mid.append(check)
+                    print(f"held-out check: {check}", file=sys.stderr)
+            await load
+
+        asyncio.run(drive())
+        result["users_s"] = round(time.monotonic() - started, 1)
+        versions.append({"minute": "end", "policy_version": version_now()})
+        result["gateway_exit"] = gateway.stop(timeout=180)  # a last commit may train one more batch first
+        result["versions"] = versions
+        result["policy_version_end"] = version_now()
+        after = asyncio.run(accuracy(serve_url, tests))
+        print(f"held-out after: {after}", file=sys.stderr)
+        result.update(
+            accuracy_before=before, accuracy_after=after, mid_checks=mid, counts=users.counts, errors=users.errors
+        )
+        result["minutes"] = users.by_minute()
+        result["store"] = store_report(work / "traces.sqlite", users.acknowledged)
+    finally:
+        for proc in (gateway, fake, serve):
+            proc.stop()
+
+    gain = (result["accuracy_after"]["accuracy"] - result["accuracy_before"]["accuracy"]) * 100
+    swaps = int(result["policy_version_end"]) - int(result["policy_version_start"])
+    full = [m for m in result["minutes"] if m["added_p50_ms"] is not None]
+    worst_p50 = max((m["added_p50_ms"] for m in full), default=None)
+    worst_p99 = max((m["added_p99_ms"] for m in full if m["added_p99_ms"] is not None), default=None)
+    result["summary"] = {
+        "policy_versions_advanced": swaps,
+        "accuracy_gain_points": round(gain, 1),
+        "worst_minute_added_p50_ms": worst_p50,
+        "worst_minute_added_p99_ms": worst_p99,
+        "lost_acknowledged_traces": result["store"]["lost"],
+        "targets": TARGETS,
+        "met": {
+            "versions": swaps >= TARGETS["versions"],
+            "accuracy": gain >= TARGETS["accuracy_gain_points"],
+            "unsampled_p50": worst_p50 is not None and worst_p50 <= TARGETS["unsampled_added_p50_ms"],
+            "unsampled_p99": worst_p99 is not None and worst_p99 <= TARGETS["unsampled_added_p99_ms"],
+            "no_lost_traces": result["store"]["lost"] == 0,
+        },
+    }
+    print("| minute | unsampled | sampled | added p50 / p99 (ms) | sampled p50 / p99 (ms) |")
+    print("|---|---|---|---|---|")
+    for m in result["minutes"]:
+        added = f"{m['added_p50_ms']} / {m['added_p99_ms']}"
+        print(
+            f"| {m['minute']} | {m['unsampled']} | {m['sampled']} | {added} | {m['sampled_p50_ms']} / {m['sampled_p99_ms']} |"
+        )
+    print()
+    print("| policy version | sampled traces | mean reward |")
+    print("|---|---|---|")
+    for c in result["store"]["curve"]:
+        print(f"| {c['policy_version']} | {c['traces']} | {c['mean_reward']:.3f} |")
+    print()
+    b, a = result["accuracy_before"]["accuracy"], result["accuracy_after"]["accuracy"]
+    print(f"held-out greedy accuracy: {b:.1%} -> {a:.1%} ({gain:+.1f} points); policy versions advanced: {swaps}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
