@@ -2,7 +2,7 @@
 
 On this machine, all on 127.0.0.1 (each its own process):
 
-- ``reinforge serve`` with the default SmolLM2-135M-Instruct (``--threads 2``, an admin key for swaps): the
+- ``reinforge serve`` with the default SmolLM2-135M-Instruct (``--threads 1`` by default: training gets the other core; an admin key for swaps): the
   policy under training;
 - a fake production upstream (``bench/gateway_overhead.py --fake-server``: fixed short answers) for the
   requests that are not sampled;
@@ -291,6 +291,7 @@ def gateway_config(work: Path, port: int, serve: str, upstream: str, args: argpa
                 "learning_rate": args.lr,
                 "mini_batch_size": args.mini_batch,
                 "threads": args.train_threads,
+                "nice": args.train_nice,
                 "swap_timeout_s": 300,
             },
         },
@@ -336,8 +337,16 @@ def main() -> None:
     p.add_argument("--commit-s", type=float, default=60.0, help="the committer's interval (60)")
     p.add_argument("--lr", type=float, default=3e-4, help="learning rate of the served LoRA (3e-4)")
     p.add_argument("--mini-batch", type=int, default=32, help="samples per optimizer step (32)")
-    p.add_argument("--train-threads", type=int, default=2, help="torch threads of the training worker (2)")
-    p.add_argument("--serve-threads", type=int, default=2, help="torch threads of reinforge serve (2)")
+    p.add_argument("--train-threads", type=int, default=1, help="torch threads of the training worker (1)")
+    p.add_argument("--train-nice", type=int, default=10, help="niceness of the training worker (10)")
+    p.add_argument("--serve-nice", type=int, default=10, help="niceness of reinforge serve (10)")
+    p.add_argument(
+        "--front-nice",
+        type=int,
+        default=-5,
+        help="niceness of the gateway, the upstream and the users (-5; needs root)",
+    )
+    p.add_argument("--serve-threads", type=int, default=1, help="torch threads of reinforge serve (1)")
     p.add_argument("--max-in-flight", type=int, default=256, help="requests in flight at most (256)")
     p.add_argument("--eval-n", type=int, default=200, help="held-out questions before and after (200)")
     p.add_argument("--eval-every-min", type=float, default=0.0, help="a held-out check every N minutes (0: none)")
@@ -357,23 +366,29 @@ def main() -> None:
     auth = {"authorization": f"Bearer {KEYS['E2E_SERVE_KEY']}"}
     serve = Proc(
         "serve",
-        [py, "-m", "reinforge", "serve", SERVED, "--port", str(serve_port), "--threads", str(args.serve_threads)]
+        ["nice", "-n", str(args.serve_nice), py, "-m", "reinforge", "serve", SERVED]
+        + ["--port", str(serve_port), "--threads", str(args.serve_threads)]
         + ["--api-key-env", "E2E_SERVE_KEY", "--admin-key-env", "E2E_SERVE_ADMIN", "--max-model-len", "512"]
         + ["--log-level", "warning"],
         f"{serve_url}/v1/models",
         work / "serve.log",
         auth,
     )
+    # The request path (users, gateway, upstream) runs ahead of the policy's heavy work (serving, training), as it
+    # would on machines of its own; negative niceness needs root, else everything runs at the default.
+    front = ["nice", "-n", str(args.front_nice)] if args.front_nice < 0 and os.geteuid() == 0 else []
+    if front:
+        os.nice(args.front_nice)
     fake = Proc(
         "upstream",
-        [py, str(ROOT / "bench" / "gateway_overhead.py"), "--fake-server", str(fake_port)],
+        [*front, py, str(ROOT / "bench" / "gateway_overhead.py"), "--fake-server", str(fake_port)],
         f"{upstream_v1}/models",
         work / "upstream.log",
     )
     config = gateway_config(work, gw_port, serve_url, upstream_v1, args)
     gateway = Proc(
         "gateway",
-        [py, "-m", "reinforge", "online", "serve", str(config), "--log-level", "warning"],
+        [*front, py, "-m", "reinforge", "online", "serve", str(config), "--log-level", "warning"],
         f"{gw_url}/healthz",
         work / "gateway.log",
     )

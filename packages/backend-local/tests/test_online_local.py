@@ -154,3 +154,21 @@ def test_a_batch_split_into_mini_batches_takes_one_optimizer_step_each(tmp_path:
     assert steps == {3}
     with pytest.raises(ConfigError, match="mini_batch_size: must be at least 1"):
         AdapterTrainer(tmp_path / "other", model_path=str(model_folder), mini_batch_size=0)
+
+
+def test_a_half_written_checkpoint_a_crash_left_is_not_the_latest(tmp_path: Path) -> None:
+    from reinforge_backend_local import checkpoint
+
+    for name, complete in (
+        ("step-1", True),
+        ("step-2", True),
+        ("step-10", True),
+        ("step-11.tmp", True),
+        ("step-12", False),
+    ):
+        folder = tmp_path / "checkpoints" / name
+        folder.mkdir(parents=True)
+        if complete:
+            (folder / "state.json").write_text("{}")
+    assert [p.name for p in checkpoint.steps(tmp_path)] == ["step-1", "step-2", "step-10"]
+    assert checkpoint.latest(tmp_path) == tmp_path / "checkpoints" / "step-10"

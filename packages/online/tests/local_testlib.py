@@ -52,6 +52,9 @@ class ScriptedTrainer:
         return self.run_dir / "checkpoints" / f"step-{self.step}" if self.step else None
 
     def train(self, batch_id: str, samples: list[dict[str, Any]], *, extra: dict[str, Any]) -> dict[str, Any]:
+        if self.options.get("hang_on") == batch_id:  # a batch that trains for ever (until the worker is stopped)
+            (self.run_dir / "hanging").write_text(str(os.getpid()))
+            threading.Event().wait()
         marker = self.run_dir / f"died-{batch_id}"
         if self.options.get("die_on") == batch_id and not marker.exists():
             marker.touch()

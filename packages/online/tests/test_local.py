@@ -203,3 +203,85 @@ def test_the_worker_trains_at_a_lower_priority_than_the_gateway(tmp_path, admin)
         assert int((sink.run_dir / "nice.txt").read_text()) == min(19, os.nice(0) + 7)
     finally:
         sink.close()
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    """Whether process ``pid`` has ended (reaped or a zombie) within ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(")")[-1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_close_stops_a_worker_stuck_in_training_and_the_batch_stays_committing(tmp_path, admin):
+    import threading
+
+    _, server = admin
+    sink = make_sink(tmp_path, server, hang_on="b1")
+    errors: list[BaseException] = []
+
+    def send() -> None:
+        try:
+            sink.send("b1", [row("a", 1.0, [pcall("q", [5])]), row("b", 0.0, [pcall("p", [6])])])
+        except BaseException as exc:  # noqa: BLE001 - what the committer would see
+            errors.append(exc)
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    hanging = sink.run_dir / "hanging"
+    assert _wait_for(hanging.exists, 60), "the worker never started the batch"
+    worker = int(hanging.read_text())
+    sink.close(timeout=0.5)
+    thread.join(30)
+    assert not thread.is_alive() and errors  # the send failed: the committer keeps the batch committing
+    assert _gone(worker, 10)
+    assert trained(sink.run_dir) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_the_worker_ends_with_a_gateway_that_is_killed(tmp_path, admin):
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, server = admin
+    script = f"""
+import sys, time
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from reinforge_online.config import LocalCommitterSettings
+from reinforge_online.local import LocalSink, options_of
+options = {{**options_of(LocalCommitterSettings()), "trainer": "local_testlib:scripted_trainer"}}
+sink = LocalSink({str(tmp_path / "run")!r}, admin_url={server.base!r}, admin_key="k", options=options)
+sink.status()
+print(open({str(tmp_path / "run" / "starts.txt")!r}).read().split()[-1], flush=True)
+time.sleep(600)
+"""
+    gateway = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(gateway.stdout.readline())
+        assert not _gone(worker, 0.2)
+        gateway.send_signal(signal.SIGKILL)  # no shutdown code runs in the gateway
+        gateway.wait(10)
+        assert _gone(worker, 10), "the training worker outlived the gateway"
+    finally:
+        gateway.kill()
+
+
+def _wait_for(check, timeout: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False

@@ -195,8 +195,7 @@ class AdapterTrainer:
         tmp.replace(config)
 
     def _prune(self) -> None:
-        ckpts = sorted((self.run_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
-        for old in ckpts[: -self.keep]:
+        for old in checkpoint.steps(self.run_dir)[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
 
 

@@ -48,9 +48,14 @@ def save(folder: Path, *, model: Any, optimizer: Any, state: dict[str, Any], pef
     return folder
 
 
+def steps(run_dir: Path) -> list[Path]:
+    """The run's complete checkpoint folders ``step-N``, oldest first (a ``step-N.tmp`` a crash left is not one)."""
+    found = [p for p in (run_dir / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
+    return [p for p in sorted(found, key=lambda p: int(p.name[5:])) if (p / "state.json").exists()]
+
+
 def latest(run_dir: Path) -> Path | None:
-    ckpts = sorted((run_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))
-    ckpts = [c for c in ckpts if (c / "state.json").exists()]
+    ckpts = steps(run_dir)
     return ckpts[-1] if ckpts else None
 
 

@@ -23,6 +23,7 @@ server that returns none) cannot be trained on and are counted as skipped.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -146,6 +147,26 @@ def adapter_trainer(options: dict[str, Any]) -> Any:
     )
 
 
+def _worker_init(parent: int) -> None:
+    """In the worker, first: end with the gateway, even when it is killed (no orphan keeps training)."""
+    import ctypes
+    import signal
+    import threading
+    import time
+
+    with contextlib.suppress(AttributeError, OSError):  # Linux: the kernel signals us when the parent dies
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+    def watch() -> None:  # elsewhere (and as a backstop): the parent is gone once we are someone else's child
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    if os.getppid() != parent:  # it died while we started
+        os._exit(1)
+    threading.Thread(target=watch, name="reinforge-online-parent-watch", daemon=True).start()
+
+
 def _trainer(options: dict[str, Any]) -> Any:
     """The worker's trainer, built by ``options["trainer"]`` (``module:function``) at the first task."""
     global _TRAINER
@@ -245,7 +266,9 @@ class LocalSink:
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
             ctx = multiprocessing.get_context("spawn")  # no fork of a threaded gateway
-            self._pool = concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx)
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=ctx, initializer=_worker_init, initargs=(os.getpid(),)
+            )
         return self._pool
 
     def _run(self, fn: Any, *args: Any) -> Any:
@@ -300,11 +323,20 @@ class LocalSink:
         data: dict[str, Any] = resp.json()
         return data
 
-    def close(self) -> None:
-        """Stop the worker (a batch in training is abandoned: it is still ``committing`` and resent)."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the worker: a batch in training gets ``timeout`` seconds, then is abandoned (its batch is still
+        ``committing`` and is resent at the next start; checkpoints are written aside and renamed, never half)."""
         pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        if pool is None:
+            return
+        workers = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            worker.join(timeout)
+            if worker.is_alive():
+                _log.warning("the training worker %s did not stop in %.0f s; terminating it", worker.pid, timeout)
+                worker.terminate()
+                worker.join(10)
 
 
 def options_of(local: Any, *, threads_default: int | None = None) -> dict[str, Any]:
