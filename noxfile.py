@@ -475,8 +475,9 @@ def bench(session: nox.Session) -> None:
         if missing:
             session.error(f"no bench script(s) {missing} in bench/")
         scripts = [p for p in scripts if p.stem in wanted]
-    else:  # only when named: they need venvs of their own (`--setup`): vLLM, llama.cpp, LiteLLM's proxy
-        scripts = [p for p in scripts if p.stem not in ("serve_throughput", "export_in_vllm", "gateway_overhead")]
+    else:  # only when named: venvs of their own (`--setup`: vLLM, llama.cpp, LiteLLM's proxy), or 20 minutes long
+        named_only = ("serve_throughput", "export_in_vllm", "gateway_overhead", "online_e2e")
+        scripts = [p for p in scripts if p.stem not in named_only]
     if not scripts:
         session.error("no bench/*.py scripts to run")
     _install_for_scripts(session, bench_dir)
