@@ -168,3 +168,30 @@ def test_stop_never_raises_and_a_stopped_committer_is_quiet(tmp_path, make_store
         assert threading.active_count() >= 1
     finally:
         store.close()
+
+
+@pytest.mark.parametrize(("min_traces", "batches"), [(5, 1), (2, 2)])
+def test_traces_rewarded_during_a_send_wait_for_a_full_batch(tmp_path, make_store, min_traces, batches):
+    """A pass sends what waits, then more only while a full batch (min_traces) waits: no stream of tiny batches."""
+    store = filled(make_store, 5)
+    for i in range(3):
+        reward(store, f"t{i}", 1.0)
+
+    class ArrivalsDuringSend:
+        def __init__(self) -> None:
+            self.sizes: list[int] = []
+
+        def send(self, batch_id: str, rows: list[dict[str, Any]]) -> None:
+            if not self.sizes:  # while the first batch is being sent, two more traces get their rewards
+                for i in (3, 4):
+                    reward(store, f"t{i}", 0.5)
+            self.sizes.append(len(rows))
+
+    sink = ArrivalsDuringSend()
+    try:
+        done = Committer(store, sink, min_traces=min_traces).run_once()
+        assert len(done) == batches and sink.sizes == [3, 2][:batches]
+        if batches == 1:  # the two wait, rewarded, for the next pass
+            assert [store.trace(f"t{i}")["status"] for i in (3, 4)] == ["rewarded", "rewarded"]
+    finally:
+        store.close()

@@ -12,6 +12,7 @@ writes ``batch-<id>.jsonl`` atomically, so a resend replaces the file with the s
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -60,8 +61,8 @@ class JsonlSink:
             raise
 
 
-def _claim(db: Any, store: TraceStore, max_traces: int) -> str | None:
-    """In the writer's transaction: a new batch of rewarded traces, or None when there are none.
+def _claim(db: Any, store: TraceStore, max_traces: int, at_least: int = 1) -> str | None:
+    """In the writer's transaction: a new batch of rewarded traces, or None when fewer than ``at_least`` wait.
 
     Replicas on one PostgreSQL database skip the rows another one's claim holds (``store.for_update``).
     """
@@ -70,7 +71,7 @@ def _claim(db: Any, store: TraceStore, max_traces: int) -> str | None:
         + store.for_update,
         (max_traces,),
     ).fetchall()
-    if not rows:
+    if not rows or len(rows) < at_least:
         return None
     batch_id = uuid.uuid4().hex
     store.lock_batch(db, batch_id)  # new: nobody else can hold it
@@ -173,7 +174,12 @@ class Committer:
             return self._lock.wait_for(lambda: len(self.committed) >= n, timeout)
 
     def run_once(self) -> list[str]:
-        """Send the batches left ``committing``, then claim and send new ones; the ids committed.
+        """Send the batches left ``committing``, then claim and send what waits; the ids committed.
+
+        The first new batch takes whatever waits (the interval is up, or ``min_traces`` arrived); more
+        batches follow in the same pass only while a full one waits (``min_traces``, at most
+        ``max_traces``), so traces that arrive while a slow sink works wait for the next pass instead of
+        going out in a stream of tiny batches.
 
         :raises Exception: what the store or the sink raised (the batch stays ``committing``).
         """
@@ -181,8 +187,11 @@ class Committer:
         for batch_id in self.store.submit(lambda db: _pending(db, self.store)).result():
             self._send(batch_id)
             done.append(batch_id)
+        at_least = 1
         while True:
-            batch_id = self.store.submit(lambda db: _claim(db, self.store, self.max_traces)).result()
+            claim = functools.partial(_claim, store=self.store, max_traces=self.max_traces, at_least=at_least)
+            batch_id = self.store.submit(claim).result()
+            at_least = min(self.min_traces, self.max_traces)
             if batch_id is None:
                 return done
             with self._lock:
