@@ -8,7 +8,7 @@ On this machine, all on 127.0.0.1 (each its own process):
   requests that are not sampled;
 - ``reinforge online serve``: ``route`` mode, ``sampling_rate`` 0.1 sticky per session, rewards from
   ``examples/math/run.yaml``'s judges when a trace closes (``metadata`` carries the question and answer),
-  the ``local`` committer every ``--commit-s`` seconds (the served LoRA trained in the gateway's worker
+  the ``local`` committer every ``--commit-s`` seconds or ``--min-traces`` rewarded traces (the served LoRA trained in the gateway's worker
   process, then hot-swapped into the server).
 
 A user population sends math questions of ``examples/math/data/train.jsonl`` (the example's system prompt,
@@ -283,7 +283,7 @@ def gateway_config(work: Path, port: int, serve: str, upstream: str, args: argpa
         "committer": {
             "kind": "local",
             "interval_s": args.commit_s,
-            "min_traces": 1_000_000,  # only the interval commits
+            "min_traces": args.min_traces,  # ... or as soon as this many traces got their rewards
             "path": str(work / "online-run"),
             "local": {
                 "admin_key_env": "E2E_SERVE_ADMIN",
@@ -335,6 +335,7 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=20.0, help="user requests per second through the gateway (20)")
     p.add_argument("--sampling", type=float, default=0.1, help="the gateway's sampling rate (0.1)")
     p.add_argument("--commit-s", type=float, default=60.0, help="the committer's interval (60)")
+    p.add_argument("--min-traces", type=int, default=64, help="the committer's min_traces (64)")
     p.add_argument("--lr", type=float, default=3e-4, help="learning rate of the served LoRA (3e-4)")
     p.add_argument("--mini-batch", type=int, default=32, help="samples per optimizer step (32)")
     p.add_argument("--train-threads", type=int, default=1, help="torch threads of the training worker (1)")
