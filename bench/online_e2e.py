@@ -14,8 +14,8 @@ On this machine, all on 127.0.0.1 (each its own process):
 A user population sends math questions of ``examples/math/data/train.jsonl`` (the example's system prompt,
 ``max_tokens`` 24, temperature 0.8, each question its own session) at ``--rate`` requests per second,
 open loop, for ``--minutes`` (at most ``--rate x --minutes x 60`` requests and ``--max-in-flight`` at
-once: bounded in count and time). Every tenth arrival is also sent straight to the fake upstream, so
-each minute has its own baseline: the gateway's added latency on unsampled requests is its p50/p99
+once: bounded in count and time). Half-way after every tenth arrival the same request goes straight to the
+fake upstream as an arrival of its own, so each minute has its own baseline measured the same way: the gateway's added latency on unsampled requests is its p50/p99
 minus the direct one's, per minute. Held-out greedy accuracy of the served policy on
 ``examples/math/data/test.jsonl`` (core's ``last_number`` judge, as the example's ``eval.accuracy_key``)
 is measured straight at the server before the users start and after they stop (and every
@@ -157,6 +157,17 @@ async def accuracy(serve: str, tests: list[dict[str, Any]], concurrency: int = 3
 # -- the users ---------------------------------------------------------------------------------------------------
 
 
+def _body(task: dict[str, Any]) -> dict[str, Any]:
+    """A user's request: the math example's prompt; ``metadata`` carries what the judges need."""
+    return {
+        "model": "gpt-production",
+        "messages": messages(task["question"]),
+        "max_tokens": 24,
+        "temperature": 0.8,
+        "metadata": {"question": task["question"], "answer": str(task["answer"])},
+    }
+
+
 class Users:
     """Open-loop arrivals at ``rate`` per second; latencies by minute; acknowledged trace ids."""
 
@@ -172,15 +183,23 @@ class Users:
     def _minute(self, t: float) -> dict[str, list[float]]:
         return self.minutes.setdefault(int(t // 60), {"unsampled": [], "sampled": [], "direct": []})
 
-    async def _one(self, session: aiohttp.ClientSession, task: dict[str, Any], t0: float, direct: bool) -> None:
-        body = {
-            "model": "gpt-production",
-            "messages": messages(task["question"]),
-            "max_tokens": 24,
-            "temperature": 0.8,
-            "metadata": {"question": task["question"], "answer": str(task["answer"])},
-        }
-        raw = json.dumps(body).encode()
+    async def _direct(self, session: aiohttp.ClientSession, task: dict[str, Any], t0: float, delay: float) -> None:
+        """The same request straight to the upstream, as an arrival of its own (the minute's baseline)."""
+        await asyncio.sleep(delay)  # half-way between two user arrivals: no request of ours is in flight with it
+        headers = {"authorization": f"Bearer {KEYS['E2E_UPSTREAM_KEY']}", "content-type": "application/json"}
+        raw = json.dumps(_body(task)).encode()
+        try:
+            start = time.perf_counter()
+            async with session.post(f"{self.upstream}/chat/completions", data=raw, headers=headers) as r:
+                await r.read()
+                if r.status == 200:
+                    self.counts["direct"] += 1
+                    self._minute(start - t0)["direct"].append((time.perf_counter() - start) * 1000)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self.errors[f"direct {type(exc).__name__}"] = self.errors.get(f"direct {type(exc).__name__}", 0) + 1
+
+    async def _one(self, session: aiohttp.ClientSession, task: dict[str, Any], t0: float) -> None:
+        raw = json.dumps(_body(task)).encode()
         self.in_flight += 1
         try:
             start = time.perf_counter()
@@ -203,14 +222,6 @@ class Users:
                 else:
                     self.counts["unsampled"] += 1
                     self._minute(start - t0)["unsampled"].append(elapsed)
-            if direct:
-                up_headers = {"authorization": f"Bearer {KEYS['E2E_UPSTREAM_KEY']}", "content-type": "application/json"}
-                start = time.perf_counter()
-                async with session.post(f"{self.upstream}/chat/completions", data=raw, headers=up_headers) as r:
-                    await r.read()
-                    if r.status == 200:
-                        self.counts["direct"] += 1
-                        self._minute(start - t0)["direct"].append((time.perf_counter() - start) * 1000)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self.counts["errors"] += 1
             self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
@@ -242,9 +253,14 @@ class Users:
                     self.counts["not_sent"] += 1
                     continue
                 self.counts["sent"] += 1
-                task = asyncio.create_task(self._one(session, self.rng.choice(self.train), t0, i % 10 == 0))
+                question = self.rng.choice(self.train)
+                task = asyncio.create_task(self._one(session, question, t0))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
+                if i % 10 == 0:
+                    probe = asyncio.create_task(self._direct(session, question, t0, 0.5 / a.rate))
+                    tasks.add(probe)
+                    probe.add_done_callback(tasks.discard)
             if tasks:
                 await asyncio.wait(tasks, timeout=300)
 
