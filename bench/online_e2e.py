@@ -35,7 +35,6 @@ import json
 import os
 import random
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -47,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from gateway_overhead import free_port  # bench/ is this script's folder: the same helpers
+from gateway_overhead import percentile as pct
 
 ROOT = Path(__file__).resolve().parents[1]
 MATH = ROOT / "examples" / "math"
@@ -63,28 +64,12 @@ KEYS = {
 TARGETS = {"versions": 5, "accuracy_gain_points": 15.0, "unsampled_added_p50_ms": 1.0, "unsampled_added_p99_ms": 5.0}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def messages(question: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
-
-
-def pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 class Proc:

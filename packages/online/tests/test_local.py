@@ -207,18 +207,15 @@ def test_the_worker_trains_at_a_lower_priority_than_the_gateway(tmp_path, admin)
 
 def _gone(pid: int, timeout: float) -> bool:
     """Whether process ``pid`` has ended (reaped or a zombie) within ``timeout`` seconds."""
-    import time
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def ended() -> bool:
         try:
             with open(f"/proc/{pid}/stat") as f:
-                if f.read().split(")")[-1].split()[0] == "Z":
-                    return True
+                return f.read().split(")")[-1].split()[0] == "Z"
         except FileNotFoundError:
             return True
-        time.sleep(0.05)
-    return False
+
+    return _wait_for(ended, timeout)
 
 
 def test_close_stops_a_worker_stuck_in_training_and_the_batch_stays_committing(tmp_path, admin):
