@@ -32,6 +32,13 @@ async def two_turns(task: dict, model: ChatModel) -> WorkflowOutput:
     return WorkflowOutput(response=await model.chat(messages), metrics={"calls": 2.0})
 
 
+async def two_turns_first_rewarded(task: dict, model: ChatModel) -> WorkflowOutput:
+    """Two calls; the workflow rewards the first itself (0.25), the second gets the run's reward from the judges."""
+    out = await two_turns(task, model)
+    out.call_rewards = [0.25, None]
+    return out
+
+
 def length_score(text: str) -> float:
     """What :func:`length_judge` gives a reply (the tests recompute it from the decoded tokens)."""
     return round(len(text.strip()) / 100.0, 6)

@@ -193,6 +193,31 @@ def test_two_model_calls_give_two_experiences_per_run(
     assert task_counts(exps)["kept"] == 2
 
 
+def test_a_call_the_workflow_rewarded_keeps_its_own_reward(
+    tmp_path: Path, smollm2: Path, served_url: str, ray_local: Any, vllm_stand_in: None, tokenizer: Any
+) -> None:
+    path = run_file(tmp_path / "run", smollm2, "call-rewards", workflow="adapter_components:two_turns_first_rewarded")
+    status, exps, _ = explore_one_task(path, ray_local, served_url, repeat_times=2)
+
+    assert status.ok, status.message
+    runs = by_run(exps)
+    assert len(runs) == 2
+    for first, second in runs.values():
+        messages = [
+            {"role": "system", "content": adapter_components.SYSTEM},
+            {"role": "user", "content": QUESTIONS[0]["question"]},
+        ]
+        reply = check_tokens(first, messages, tokenizer)
+        messages += [
+            {"role": "assistant", "content": reply},
+            {"role": "user", "content": adapter_components.FOLLOW_UP},
+        ]
+        run_reward = adapter_components.length_score(check_tokens(second, messages, tokenizer))
+        assert first.reward == 0.25  # WorkflowOutput.call_rewards[0], not the judges' score of the run
+        assert second.reward == pytest.approx(run_reward)  # no call reward: the run's
+        assert first.info["trajectory_reward"] == second.info["trajectory_reward"] == pytest.approx(run_reward)
+
+
 def test_a_failed_judge_drops_its_run_and_counts_it(
     tmp_path: Path, smollm2: Path, served_url: str, ray_local: Any, vllm_stand_in: None, tokenizer: Any
 ) -> None:

@@ -328,13 +328,15 @@ class ReinforgeWorkflow(Workflow):
                 metrics[key if key.startswith("boundary/") else f"workflow/{key}"] = float(value)
             metrics[f"{_PREFIX}turns"] = float(len(t.calls))
             for step, (exp, call) in enumerate(zip(recorded, t.calls)):
-                exp.reward = t.reward
+                # a call the workflow rewarded itself (WorkflowOutput.call_rewards) keeps its own reward
+                exp.reward = call.reward if call.reward is not None else t.reward
                 exp.eid.run = self.run_id_base + t.rollout_index
                 exp.eid.step = step
                 exp.metrics = dict(metrics)
                 exp.info = {
                     **(exp.info or {}),
                     "reinforge_rewards": dict(t.rewards),
+                    "trajectory_reward": t.reward,
                     "group_id": group.group_id,
                     "rollout_index": t.rollout_index,
                     "attempts": t.attempts,
