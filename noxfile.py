@@ -216,13 +216,14 @@ _PYTEST_RUNNER = """
 import sys
 import os
 import pytest
-code = int(pytest.main(sys.argv[1:]))
-if code == 5:
-    sys.stderr.write(
-        "\\nerror: pytest collected no tests for package " + os.environ["REINFORGE_NOX_PACKAGE"] + "; every "
-        "package must have tests under its tests/ folder (or the arguments you passed deselected them all)\\n"
-    )
-sys.exit(code)
+if __name__ == "__main__":  # tests that spawn processes (multiprocessing's spawn) re-import this module
+    code = int(pytest.main(sys.argv[1:]))
+    if code == 5:
+        sys.stderr.write(
+            "\\nerror: pytest collected no tests for package " + os.environ["REINFORGE_NOX_PACKAGE"] + "; every "
+            "package must have tests under its tests/ folder (or the arguments you passed deselected them all)\\n"
+        )
+    sys.exit(code)
 """
 
 
