@@ -113,6 +113,20 @@ def check_tokens(exp: Any, messages: list[dict[str, Any]], tokenizer: Any) -> st
     return text
 
 
+def check_two_turns(first: Any, second: Any, tokenizer: Any) -> str:
+    """Both experiences of a two_turns run checked against their prompts; the final reply's text."""
+    messages = [
+        {"role": "system", "content": adapter_components.SYSTEM},
+        {"role": "user", "content": QUESTIONS[0]["question"]},
+    ]
+    reply = check_tokens(first, messages, tokenizer)
+    messages += [
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": adapter_components.FOLLOW_UP},
+    ]
+    return check_tokens(second, messages, tokenizer)  # the second call's prompt holds the first reply
+
+
 def by_run(exps: list[Any]) -> dict[int, list[Any]]:
     out: dict[int, list[Any]] = defaultdict(list)
     for exp in sorted(exps, key=lambda e: (e.eid.run, e.eid.step)):
@@ -176,16 +190,7 @@ def test_two_model_calls_give_two_experiences_per_run(
     assert sorted(runs) == [6, 7]
     for first, second in runs.values():
         assert (first.eid.step, second.eid.step) == (0, 1)
-        messages = [
-            {"role": "system", "content": adapter_components.SYSTEM},
-            {"role": "user", "content": QUESTIONS[0]["question"]},
-        ]
-        reply = check_tokens(first, messages, tokenizer)
-        messages += [
-            {"role": "assistant", "content": reply},
-            {"role": "user", "content": adapter_components.FOLLOW_UP},
-        ]
-        final = check_tokens(second, messages, tokenizer)  # the second call's prompt holds the first reply
+        final = check_two_turns(first, second, tokenizer)
         # the run's reward (the judge scores the final reply) on every turn
         assert first.reward == second.reward == pytest.approx(adapter_components.length_score(final))
         assert first.metrics["reinforge/turns"] == second.metrics["reinforge/turns"] == 2.0
@@ -203,16 +208,7 @@ def test_a_call_the_workflow_rewarded_keeps_its_own_reward(
     runs = by_run(exps)
     assert len(runs) == 2
     for first, second in runs.values():
-        messages = [
-            {"role": "system", "content": adapter_components.SYSTEM},
-            {"role": "user", "content": QUESTIONS[0]["question"]},
-        ]
-        reply = check_tokens(first, messages, tokenizer)
-        messages += [
-            {"role": "assistant", "content": reply},
-            {"role": "user", "content": adapter_components.FOLLOW_UP},
-        ]
-        run_reward = adapter_components.length_score(check_tokens(second, messages, tokenizer))
+        run_reward = adapter_components.length_score(check_two_turns(first, second, tokenizer))
         assert first.reward == 0.25  # WorkflowOutput.call_rewards[0], not the judges' score of the run
         assert second.reward == pytest.approx(run_reward)  # no call reward: the run's
         assert first.info["trajectory_reward"] == second.info["trajectory_reward"] == pytest.approx(run_reward)
