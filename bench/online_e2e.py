@@ -413,6 +413,9 @@ def main() -> None:
     args = p.parse_args()
 
     work = (args.work_dir or Path(tempfile.mkdtemp(prefix="online-e2e-"))).resolve()
+    if work.exists() and any(work.iterdir()):
+        # an old store or run folder would be resumed: its traces and trained adapter would count as this run's
+        raise SystemExit(f"--work-dir {work} is not empty: give a new or empty folder")
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **KEYS, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_PROXY": "127.0.0.1,localhost"}
     train, tests = rows(MATH / "data" / "train.jsonl"), rows(MATH / "data" / "test.jsonl")[: args.eval_n]

@@ -242,6 +242,29 @@ def test_healthz_and_metrics(gateway):
     assert "reinforge_online_added_latency_seconds_bucket" in text
 
 
+def test_chat_errors_are_json_counted_and_the_gateway_goes_on(gateway, fakes, monkeypatch):
+    server = gateway()
+    g = gw(server)
+    assert post(server, BODY, key="nope").status_code == 401
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a selection strategy's bug")
+
+    with monkeypatch.context() as m:
+        m.setattr(g.pipeline, "select", broken)
+        r = post(server, BODY)
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+    assert "selection strategy" not in r.text  # the cause is logged, not told to the caller
+    assert post(server, BODY).content == UPSTREAM_BODY
+    assert HTTP.get(f"{server.v1}/chat/completions").status_code == 405  # only POST is the chat route
+    text = HTTP.get(f"{server.base}/metrics", headers={"authorization": f"Bearer {ADMIN_KEY}"}).text
+    for path, status in (("gateway", "401"), ("gateway", "500"), ("upstream", "200")):
+        assert (
+            f'reinforge_online_requests_total{{path="{path}",route="/v1/chat/completions",status="{status}"}} 1.0'
+            in text
+        )
+
+
 def test_sampling_pauses_while_the_store_is_unhealthy(gateway, fakes):
     import sqlite3
 
