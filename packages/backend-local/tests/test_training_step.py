@@ -179,3 +179,80 @@ def test_each_sample_is_scored_at_its_own_temperature(lora_policy):
     for row, expected in ((0, at_half), (2, at_one), (3, at_one)):
         torch.testing.assert_close(mixed[row], expected[row])
     torch.testing.assert_close(mixed[1], logprobs(0.7, [None] * 4)[1])
+
+
+def test_chunked_logprobs_equal_the_log_softmax_entries():
+    from reinforge_backend_local.trainer import completion_logprobs
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 300, bias=False)
+    hidden, targets = torch.randn(11, 16), torch.randint(0, 300, (11,))
+    temps = torch.rand(11) + 0.5
+    for t in (0.7, temps):
+        full = torch.log_softmax(head(hidden) / (t.unsqueeze(1) if isinstance(t, torch.Tensor) else t), dim=-1)
+        for chunk in (1, 4, 64):  # chunk boundaries inside, at and beyond the tokens
+            logp, entropy = completion_logprobs(head, hidden, targets, t, chunk)
+            torch.testing.assert_close(logp, full.gather(-1, targets.unsqueeze(1)).squeeze(1), atol=1e-6, rtol=0)
+            torch.testing.assert_close(entropy, -(full.exp() * full).sum(-1), atol=1e-5, rtol=0)
+
+
+def test_the_lm_head_on_completion_tokens_only_gives_the_full_logits_loss_and_gradients(lora_policy):
+    """The trainer's own LM head pass (real completion tokens, in chunks) against the model's padded logits."""
+    from reinforge_backend_local import trainer as trainer_module
+
+    model, tokenizer = lora_policy
+    template = ChatTemplate(tokenizer, 512)
+    system = "You solve arithmetic problems and give the final answer as a number."
+    questions = ("What is 347 * 28?", "What is 9 + 4?", "What is 5120 - 318?", "Is 7 prime?")
+    prompts = [
+        template.prompt_ids([{"role": "system", "content": system}, {"role": "user", "content": q}]) for q in questions
+    ]
+    completions = [[1000 + 7 * i + j for i in range(n)] for j, n in enumerate((5, 9, 1, 13))]  # ragged: padding
+    temps = (None, 0.5, 1.0, 0.8)
+    batch = [
+        Sample(p, c, [-1.0] * len(c), a, temperature=t)
+        for p, c, a, t in zip(prompts, completions, (1.0, -0.5, 0.25, -1.0), temps)
+    ]
+    lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    saved = {n: p.detach().clone() for n, p in lora.items()}
+    torch.manual_seed(1)
+    with torch.no_grad():  # a trained adapter, so gradients reach A as well as B
+        for p in lora.values():
+            p.add_(torch.randn_like(p) * 0.02)
+    chunk = trainer_module.LOGPROB_CHUNK_TOKENS
+    trainer_module.LOGPROB_CHUNK_TOKENS = 8  # several chunks for these 28 completion tokens
+    try:
+        results = []
+        for own_head in (True, False):
+            for share in (True, False):
+                trainer = Trainer(
+                    model,
+                    AlgorithmConfig(group_size=2),
+                    temperature=0.9,
+                    pad_id=2,
+                    peft=True,
+                    share_prefix=share,
+                    completion_head=own_head,
+                )
+                model.zero_grad(set_to_none=True)
+                loss, stats = trainer._batch_loss(batch, *trainer._totals(batch))
+                loss.backward()
+                with torch.no_grad():
+                    logp, entropy, cmask = trainer._forward_logprobs(model, batch)
+                grads = {n: p.grad.detach().clone() for n, p in lora.items()}
+                results.append((loss.detach(), logp * cmask, entropy * cmask, stats["entropy"], grads))
+        reference = results[-1]  # the model's own padded logits, no prefix sharing
+        for loss, logp, entropy, entropy_sum, grads in results[:-1]:
+            torch.testing.assert_close(logp, reference[1], atol=1e-4, rtol=0)
+            torch.testing.assert_close(entropy, reference[2], atol=1e-3, rtol=0)
+            torch.testing.assert_close(loss, reference[0], atol=1e-5, rtol=0)
+            assert abs(entropy_sum - reference[3]) <= 1e-3 * abs(reference[3])  # a sum of 28 entropies
+            for n in lora:  # float32 summation order differs between the layouts
+                torch.testing.assert_close(grads[n], reference[4][n], atol=1e-5, rtol=1e-3)
+        assert any(bool(g.abs().sum() > 0) for n, g in reference[4].items() if "lora_A" in n)
+    finally:
+        trainer_module.LOGPROB_CHUNK_TOKENS = chunk
+        with torch.no_grad():
+            for n, p in lora.items():
+                p.copy_(saved[n])
+        model.zero_grad(set_to_none=True)

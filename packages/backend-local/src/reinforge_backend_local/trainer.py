@@ -141,6 +141,42 @@ def _cache_keyword(model: Any) -> str:
     return _cache_keyword_of(type(base).forward)
 
 
+# Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no scaling or soft-capping after it):
+# for these the trainer runs the LM head itself, on the completion tokens only.
+_PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+LOGPROB_CHUNK_TOKENS = 128  # completion tokens per LM-head chunk: a chunk's logits (~25 MB) stay in the CPU's cache
+
+
+def _plain_head(model: Any) -> tuple[Any, Any] | None:
+    """The inner decoder and the LM head of a model whose logits are the head of the last hidden state, else None."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = getattr(base, "config", None)
+    if getattr(cfg, "model_type", None) not in _PLAIN_HEAD_TYPES or getattr(cfg, "final_logit_softcapping", None):
+        return None
+    inner, head = getattr(base, "model", None), getattr(base, "lm_head", None)
+    return (inner, head) if inner is not None and head is not None else None
+
+
+def completion_logprobs(
+    head: Any, hidden: torch.Tensor, targets: torch.Tensor, temps: torch.Tensor | float, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob of each target token and the entropy at its position: ``(n,)`` each, from ``hidden`` ``(n, d)``.
+
+    The vocabulary-wide work (logits, log-sum-exp, entropy) runs ``chunk`` tokens at a time, so
+    no (tokens x vocabulary) log-softmax is ever stored; ``logit[target] - logsumexp`` equals the
+    log-softmax entry. ``temps``: one divisor, or one per token.
+    """
+    logps, entropies = [], []
+    for a in range(0, hidden.shape[0], chunk):
+        logits = head(hidden[a : a + chunk]).float()
+        logits = logits / (temps[a : a + chunk].unsqueeze(1) if isinstance(temps, torch.Tensor) else temps)
+        lse = torch.logsumexp(logits, dim=-1)
+        logps.append(logits.gather(-1, targets[a : a + chunk].unsqueeze(1)).squeeze(1) - lse)
+        with torch.no_grad():
+            entropies.append(lse - (torch.softmax(logits, dim=-1) * logits).sum(-1))
+    return torch.cat(logps), torch.cat(entropies)
+
+
 def _micro_batches(
     samples: list[Sample], size: int, max_tokens: int | None = None, shared: int = 0
 ) -> list[list[Sample]]:
@@ -188,6 +224,7 @@ class Trainer:
         micro_batch_tokens: int | None = 1024,
         peft: bool,
         share_prefix: bool = True,
+        completion_head: bool = True,
     ) -> None:
         self.model = model
         self.algo = algo
@@ -198,6 +235,8 @@ class Trainer:
         self.micro_batch_tokens = micro_batch_tokens
         self.peft = peft
         self.share_prefix = share_prefix  # run a micro-batch's shared prompt prefix once (exact: gradients add up)
+        # the LM head on the real completion tokens only, in chunks (models whose logits are just the head's)
+        self.completion_head = completion_head
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("no trainable parameters")
@@ -234,6 +273,19 @@ class Trainer:
             past = getattr(out, key)
             past.batch_repeat_interleave(len(batch))
         given = {_cache_keyword(model): past, "use_cache": True} if past is not None else {"use_cache": False}
+        parts = _plain_head(model) if self.completion_head else None
+        if parts is not None:
+            inner, head = parts
+            out = inner(input_ids=ids, attention_mask=mask, position_ids=pos, **given)
+            hidden = out.last_hidden_state[:, width - comp - 1 : width - 1]  # the positions that predict completions
+            real = cmask.bool()
+            temps = self._temperatures(batch, dev)
+            if isinstance(temps, torch.Tensor):
+                temps = temps.view(-1, 1).expand(len(batch), comp)[real]
+            lp, ent = completion_logprobs(head, hidden[real], ids[:, width - comp :][real], temps, LOGPROB_CHUNK_TOKENS)
+            logp = torch.zeros(cmask.shape, dtype=lp.dtype, device=dev).masked_scatter(real, lp)
+            entropy = torch.zeros(cmask.shape, dtype=ent.dtype, device=dev).masked_scatter(real, ent)
+            return logp, entropy, cmask
         logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=comp + 1, **given).logits
         logits = logits[:, :-1, :].float() / self._temperatures(batch, logits.device)
         targets = ids[:, width - comp :]
