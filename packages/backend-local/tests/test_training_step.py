@@ -1,5 +1,7 @@
 """One real update of SmolLM2-135M with LoRA, on CPU."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -17,6 +19,24 @@ def lora_policy(model_folder):
     model, tokenizer, _ = load_policy(str(model_folder))
     cfg = ModelConfig(model_path=str(model_folder), lora_rank=8, lora_alpha=16)
     return attach_lora(model, cfg), tokenizer
+
+
+@contextlib.contextmanager
+def perturbed_lora(model, seed):
+    """The LoRA weights nudged off zero (so gradients reach A as well as B); restored, grads cleared, on exit."""
+    lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    saved = {n: p.detach().clone() for n, p in lora.items()}
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in lora.values():
+            p.add_(torch.randn_like(p) * 0.02)
+    try:
+        yield lora
+    finally:
+        with torch.no_grad():
+            for n, p in lora.items():
+                p.copy_(saved[n])
+        model.zero_grad(set_to_none=True)
 
 
 def _samples(model, tokenizer):
@@ -127,13 +147,7 @@ def test_a_shared_prompt_prefix_runs_once_with_the_same_loss_and_lora_gradients(
     completions = [[1000 + i for i in range(n)] for n in (5, 9, 3)]
     batch = [Sample(p, c, [-1.0] * len(c), a) for p, c, a in zip(prompts, completions, (1.0, -0.5, 0.25))]
     assert shared_prefix(batch) >= 30
-    lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
-    saved = {n: p.detach().clone() for n, p in lora.items()}
-    torch.manual_seed(0)
-    with torch.no_grad():  # a trained adapter, so gradients reach A as well as B
-        for p in lora.values():
-            p.add_(torch.randn_like(p) * 0.02)
-    try:
+    with perturbed_lora(model, 0) as lora:
         results = []
         for share in (True, False):
             trainer = Trainer(
@@ -150,11 +164,6 @@ def test_a_shared_prompt_prefix_runs_once_with_the_same_loss_and_lora_gradients(
         for n in lora:  # gradients are O(1e-2..1); float32 summation order differs between the two layouts
             torch.testing.assert_close(grads_s[n], grads_p[n], atol=1e-5, rtol=1e-3)
         assert any(bool(g.abs().sum() > 0) for n, g in grads_s.items() if "lora_A" in n)
-    finally:
-        with torch.no_grad():
-            for n, p in lora.items():
-                p.copy_(saved[n])
-        model.zero_grad(set_to_none=True)
 
 
 def test_each_sample_is_scored_at_its_own_temperature(lora_policy):
@@ -196,7 +205,7 @@ def test_chunked_logprobs_equal_the_log_softmax_entries():
             torch.testing.assert_close(entropy, -(full.exp() * full).sum(-1), atol=1e-5, rtol=0)
 
 
-def test_the_lm_head_on_completion_tokens_only_gives_the_full_logits_loss_and_gradients(lora_policy):
+def test_the_lm_head_on_completion_tokens_only_gives_the_full_logits_loss_and_gradients(lora_policy, monkeypatch):
     """The trainer's own LM head pass (real completion tokens, in chunks) against the model's padded logits."""
     from reinforge_backend_local import trainer as trainer_module
 
@@ -213,15 +222,8 @@ def test_the_lm_head_on_completion_tokens_only_gives_the_full_logits_loss_and_gr
         Sample(p, c, [-1.0] * len(c), a, temperature=t)
         for p, c, a, t in zip(prompts, completions, (1.0, -0.5, 0.25, -1.0), temps)
     ]
-    lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
-    saved = {n: p.detach().clone() for n, p in lora.items()}
-    torch.manual_seed(1)
-    with torch.no_grad():  # a trained adapter, so gradients reach A as well as B
-        for p in lora.values():
-            p.add_(torch.randn_like(p) * 0.02)
-    chunk = trainer_module.LOGPROB_CHUNK_TOKENS
-    trainer_module.LOGPROB_CHUNK_TOKENS = 8  # several chunks for these 28 completion tokens
-    try:
+    monkeypatch.setattr(trainer_module, "LOGPROB_CHUNK_TOKENS", 8)  # several chunks for these 28 completion tokens
+    with perturbed_lora(model, 1) as lora:
         results = []
         for own_head in (True, False):
             for share in (True, False):
@@ -250,9 +252,3 @@ def test_the_lm_head_on_completion_tokens_only_gives_the_full_logits_loss_and_gr
             for n in lora:  # float32 summation order differs between the layouts
                 torch.testing.assert_close(grads[n], reference[4][n], atol=1e-5, rtol=1e-3)
         assert any(bool(g.abs().sum() > 0) for n, g in reference[4].items() if "lora_A" in n)
-    finally:
-        trainer_module.LOGPROB_CHUNK_TOKENS = chunk
-        with torch.no_grad():
-            for n, p in lora.items():
-                p.copy_(saved[n])
-        model.zero_grad(set_to_none=True)
