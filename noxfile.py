@@ -1,6 +1,7 @@
 """Developer and CI tasks for the reinforge monorepo.
 
-Plain ``nox`` runs ``lint``, ``tests``, ``agentscope`` and ``build``. Other sessions: ``demo``, ``bench``.
+Plain ``nox`` runs ``lint``, ``tests``, ``agentscope``, ``online_postgres`` and ``build``. Other sessions: ``demo``,
+``bench``.
 
 Packages are discovered from ``packages/*/pyproject.toml``: a new package joins the
 matrix by existing. For each package:
@@ -20,11 +21,12 @@ matrix by existing. For each package:
 
 Examples::
 
-    nox                                  # lint, tests, build
+    nox                                  # lint, tests, agentscope, online_postgres, build
     nox -t core                          # core tests on every Python
     nox -s "tests(core-3.12)" -- -k yaml # one session, extra pytest args
     nox -s build -- core                 # build (and install-check) only core
     nox -s agentscope                    # reinforge[agentscope]: AgentScope's tuner tutorial, one step
+    nox -s online_postgres               # reinforge-online's store on a real PostgreSQL (apt-get as root)
     nox -s demo
     nox -s bench -- my_bench             # only bench/my_bench.py
 """
@@ -48,7 +50,8 @@ from packaging.specifiers import SpecifierSet  # noqa: E402
 from packaging.utils import canonicalize_name  # noqa: E402
 
 nox.needs_version = ">=2025.5.1"
-nox.options.sessions = ["lint", "tests", "agentscope", "build"]  # agentscope: about 2 of the ~15 minutes
+# agentscope: about 2 of the ~30 minutes; online_postgres: about 1 (Debian's postgresql installed first if missing)
+nox.options.sessions = ["lint", "tests", "agentscope", "online_postgres", "build"]
 nox.options.error_on_missing_interpreters = True  # a missing Python is a failure, never a silent skip
 nox.options.download_python = "never"  # only PyPI is reachable; use the interpreters on this machine
 
@@ -293,7 +296,7 @@ def agentscope(session: nox.Session) -> None:
 # -- online_postgres ---------------------------------------------------------------------------------------------
 
 
-@nox.session(python=TORCH_PYTHON, venv_backend=BACKEND, default=False)
+@nox.session(python=TORCH_PYTHON, venv_backend=BACKEND)
 def online_postgres(session: nox.Session) -> None:
     """reinforge-online's PostgreSQL store against a real server (Debian's ``postgresql``, a throwaway cluster).
 
