@@ -66,6 +66,8 @@ KEYS = {
     "E2E_ADMIN_KEY": "e2e-gateway-admin",
     "E2E_FEEDBACK_SECRET": "e2e-feedback-secret",
 }
+UPSTREAM_HEADERS = {"authorization": f"Bearer {KEYS['E2E_UPSTREAM_KEY']}", "content-type": "application/json"}
+GATEWAY_HEADERS = {"authorization": f"Bearer {KEYS['E2E_TRAFFIC_KEY']}", "content-type": "application/json"}
 PROBE_WARMUP = 5
 TARGETS = {"versions": 5, "accuracy_gain_points": 15.0, "unsampled_added_p50_ms": 1.0, "unsampled_added_p99_ms": 5.0}
 
@@ -184,8 +186,6 @@ class Users:
     async def _probes(self, t0: float) -> None:
         """``--probe-pairs`` direct/gateway pairs back to back on warm connections (a session that is not sampled)."""
         a = self.args
-        up = {"authorization": f"Bearer {KEYS['E2E_UPSTREAM_KEY']}", "content-type": "application/json"}
-        gw = {"authorization": f"Bearer {KEYS['E2E_TRAFFIC_KEY']}", "content-type": "application/json"}
         timeout = aiohttp.ClientTimeout(total=30)
         async with (
             aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1), timeout=timeout) as direct,
@@ -195,12 +195,14 @@ class Users:
             for i in range(PROBE_WARMUP + a.probe_pairs):
                 raw = json.dumps(_body(self.rng.choice(self.train))).encode()
                 start = time.perf_counter()
-                async with direct.post(f"{self.upstream}/chat/completions", data=raw, headers=up) as r:
+                async with direct.post(f"{self.upstream}/chat/completions", data=raw, headers=UPSTREAM_HEADERS) as r:
                     await r.read()
                     ok = r.status == 200
                 middle = time.perf_counter()
                 async with gateway.post(
-                    f"{self.gateway}/v1/chat/completions", data=raw, headers={**gw, "x-session-id": session_id}
+                    f"{self.gateway}/v1/chat/completions",
+                    data=raw,
+                    headers={**GATEWAY_HEADERS, "x-session-id": session_id},
                 ) as r:
                     await r.read()
                     sampled = "x-reinforge-trace-id" in r.headers
@@ -217,11 +219,10 @@ class Users:
     async def _direct(self, session: aiohttp.ClientSession, task: dict[str, Any], t0: float, delay: float) -> None:
         """The same request straight to the upstream, as an arrival of its own (the minute's baseline)."""
         await asyncio.sleep(delay)  # half-way between two user arrivals: no request of ours is in flight with it
-        headers = {"authorization": f"Bearer {KEYS['E2E_UPSTREAM_KEY']}", "content-type": "application/json"}
         raw = json.dumps(_body(task)).encode()
         try:
             start = time.perf_counter()
-            async with session.post(f"{self.upstream}/chat/completions", data=raw, headers=headers) as r:
+            async with session.post(f"{self.upstream}/chat/completions", data=raw, headers=UPSTREAM_HEADERS) as r:
                 await r.read()
                 if r.status == 200:
                     self.counts["direct"] += 1
@@ -234,11 +235,7 @@ class Users:
         self.in_flight += 1
         try:
             start = time.perf_counter()
-            headers = {
-                "authorization": f"Bearer {KEYS['E2E_TRAFFIC_KEY']}",
-                "content-type": "application/json",
-                "x-session-id": uuid.uuid4().hex,
-            }
+            headers = {**GATEWAY_HEADERS, "x-session-id": uuid.uuid4().hex}
             async with session.post(f"{self.gateway}/v1/chat/completions", data=raw, headers=headers) as r:
                 await r.read()
                 elapsed = (time.perf_counter() - start) * 1000

@@ -144,14 +144,14 @@ def _cache_keyword(model: Any) -> str:
 # Causal LMs whose logits are exactly ``lm_head(final hidden state)`` (no scaling or soft-capping after it):
 # for these the trainer runs the LM head itself, on the completion tokens only.
 _PLAIN_HEAD_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
-LOGPROB_CHUNK_TOKENS = 128  # completion tokens per LM-head chunk: a chunk's logits (~25 MB) stay in the CPU's cache
+LOGPROB_CHUNK_TOKENS = 128  # completion tokens per LM-head chunk (logits of ~25 MB for a 49k vocabulary)
 
 
 def _plain_head(model: Any) -> tuple[Any, Any] | None:
     """The inner decoder and the LM head of a model whose logits are the head of the last hidden state, else None."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     cfg = getattr(base, "config", None)
-    if getattr(cfg, "model_type", None) not in _PLAIN_HEAD_TYPES or getattr(cfg, "final_logit_softcapping", None):
+    if getattr(cfg, "model_type", None) not in _PLAIN_HEAD_TYPES:
         return None
     inner, head = getattr(base, "model", None), getattr(base, "lm_head", None)
     return (inner, head) if inner is not None and head is not None else None

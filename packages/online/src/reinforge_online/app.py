@@ -752,7 +752,7 @@ def build_app(
     }
     app = _GatewayApp(
         routes=[
-            Route(CHAT_ROUTE, gw.chat, methods=["POST"]),
+            Route(CHAT_ROUTE, gw.chat, methods=["POST"]),  # POST goes to serve_chat first: here for the 405s
             Route("/v1/models", gw.models, methods=["GET"]),
             Route("/healthz", gw.healthz, methods=["GET"]),
             Route("/metrics", gw.metrics_text, methods=["GET"]),
