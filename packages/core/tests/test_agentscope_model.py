@@ -6,6 +6,8 @@ real thing runs the tutorial in backend-local's ``test_agentscope_tutorial.py``
 (``nox -s agentscope``).
 """
 
+import asyncio
+import json
 import sys
 import textwrap
 from typing import Optional
@@ -14,6 +16,7 @@ import pytest
 
 from reinforge import JudgeOutput, WorkflowOutput
 from reinforge.agentscope_model import (
+    ChatModelClient,
     agentscope_adapter,
     agentscope_chat_model,
     annotated_for_agentscope,
@@ -22,7 +25,7 @@ from reinforge.agentscope_model import (
 from reinforge.config import RunConfig
 from reinforge.errors import ConfigError, MissingExtraError, ReinforgeError
 from reinforge.job import build_job
-from reinforge.models import RecordingChatModel
+from reinforge.models import ChatResponse, RecordingChatModel
 from reinforge.plugins import get_plugin_manager
 from reinforge.rewards import RewardComposer
 from reinforge.runner import Runner
@@ -154,23 +157,6 @@ def test_model_interface_overrides_the_annotation_and_is_checked():
     assert RunConfig(workflow=plain, model_interface="agentscope").model_interface == "agentscope"
 
 
-def test_a_model_without_an_endpoint_is_a_clear_error():
-    recording = RecordingChatModel(ScriptedChatModel(["hi"]), Trajectory(task={}))
-    with pytest.raises(ReinforgeError, match=r"ScriptedChatModel\) has no base_url: the backend must expose"):
-        agentscope_chat_model(recording, {"max_tokens": 8})
-
-
-def test_the_runner_fails_clearly_when_an_agentscope_workflow_meets_a_model_without_endpoint():
-    runner = Runner(
-        bind(by_class, "workflow"),
-        RewardComposer([]),
-        model=ScriptedChatModel(["hi"]),
-        model_adapter=agentscope_chat_model,
-    )
-    with pytest.raises(ReinforgeError, match="must expose the policy as an OpenAI-compatible endpoint"):
-        runner.run([{"question": "?"}])
-
-
 @pytest.fixture
 def no_agentscope(forget_agentscope):
     """AgentScope cannot be imported, whether or not it is installed."""
@@ -231,6 +217,14 @@ class OpenAIChatModel(ChatModelBase):
     def __init__(self, model_name, api_key=None, stream=True, client_kwargs=None, generate_kwargs=None, **kwargs):
         super().__init__(model_name, stream)
         self.api_key, self.client_kwargs, self.generate_kwargs = api_key, client_kwargs, generate_kwargs
+        self.client = "an openai.AsyncClient"
+
+    async def __call__(self, messages, tools=None, **kwargs):
+        # what AgentScope 1.x's model sends (tools already in OpenAI's format here)
+        request = {"model": self.model_name, "messages": messages, "stream": self.stream, **self.generate_kwargs}
+        if tools:
+            request["tools"] = tools
+        return await self.client.chat.completions.create(**request, **kwargs)
 """
 
 
@@ -299,3 +293,67 @@ def test_a_failing_adapter_still_releases_the_rollout_model():
     with pytest.raises(ReinforgeError, match="adapter says no"):
         runner.run([{}])
     assert released == [True]
+
+
+TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def test_a_model_without_an_endpoint_is_reached_through_its_chat_and_recorded(fake_agentscope):
+    reply = ChatResponse(
+        message={
+            "role": "assistant",
+            "content": "Let me add.",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 1}}}],
+        },
+        finish_reason="tool_calls",
+        usage={"prompt_tokens": 7, "completion_tokens": 3},
+    )
+    scripted = ScriptedChatModel(
+        [reply, ChatResponse(message={"role": "assistant", "content": "2"}, finish_reason="eos")]
+    )
+    trajectory = Trajectory(task={})
+    model = agentscope_chat_model(RecordingChatModel(scripted, trajectory), {"max_tokens": 8, "temperature": 0.5})
+    assert isinstance(model.client, ChatModelClient) and model.client_kwargs == {}
+    assert (model.model_name, model.api_key, model.stream) == ("scripted", "sk-none", False)
+
+    first = asyncio.run(model([{"role": "user", "content": "1 + 1?"}], tools=TOOLS, tool_choice="auto"))
+    assert first.choices[0].message.content == "Let me add." and first.choices[0].finish_reason == "tool_calls"
+    (call,) = first.choices[0].message.tool_calls
+    assert (call.id, call.function.name, json.loads(call.function.arguments)) == ("c1", "add", {"a": 1})
+    assert (first.usage.prompt_tokens, first.usage.completion_tokens, first.usage.total_tokens) == (7, 3, 10)
+    second = asyncio.run(model([{"role": "user", "content": "so?"}], top_p=0.9))
+    assert second.choices[0].message.content == "2" and second.choices[0].message.tool_calls is None
+    assert second.choices[0].finish_reason == "stop"  # a reason OpenAI's type does not know reads as stop
+
+    # both calls reached the ChatModel with the sampling keys, and the trajectory recorded them
+    assert [c.tools for c in scripted.calls] == [TOOLS, None]
+    assert scripted.calls[0].sampling == {"max_tokens": 8, "temperature": 0.5, "tool_choice": "auto"}
+    assert scripted.calls[1].sampling == {"max_tokens": 8, "temperature": 0.5, "top_p": 0.9}
+    assert [c.messages[-1]["content"] for c in trajectory.calls] == ["1 + 1?", "so?"]
+    assert trajectory.calls[0].response is reply
+
+
+def test_the_client_refuses_streaming_and_structured_output_clearly(fake_agentscope):
+    client = ChatModelClient(ScriptedChatModel(["x"]))
+    with pytest.raises(ReinforgeError, match="stream=False"):
+        asyncio.run(client.chat.completions.create(messages=[], stream=True))
+    with pytest.raises(ReinforgeError, match="messages must be a list, got str"):
+        asyncio.run(client.chat.completions.create(messages="hi"))
+    with pytest.raises(ReinforgeError, match="response_format"):
+        asyncio.run(client.chat.completions.parse(messages=[]))
+
+
+def test_an_agentscope_workflow_runs_on_a_model_without_endpoint(fake_agentscope):
+    async def tutorial_like(task, model: fake_agentscope.ChatModelBase):
+        completion = await model([{"role": "user", "content": task["question"]}])
+        return WorkflowOutput(response=completion.choices[0].message.content, reward=1.0)
+
+    scripted = ScriptedChatModel(["2"])
+    runner = Runner(
+        bind(tutorial_like, "workflow"),
+        RewardComposer([]),
+        model=scripted,
+        model_adapter=agentscope_chat_model,
+    )
+    (t,) = runner.run([{"question": "1 + 1?"}]).trajectories
+    assert t.response == "2" and len(t.calls) == 1 and t.calls[0].messages == [{"role": "user", "content": "1 + 1?"}]
