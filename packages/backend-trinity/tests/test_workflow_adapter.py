@@ -258,3 +258,61 @@ def test_a_taskset_without_reinforge_workflow_args_is_a_clear_error(vllm_stand_i
     task = Task(workflow=ReinforgeWorkflow, workflow_args={"other": 1}, raw_task={"question": "?"})
     with pytest.raises(ConfigError, match=r"workflow_args has no 'reinforge' mapping \(keys: \['other'\]\)"):
         ReinforgeWorkflow(task=task, model=Recording())
+
+
+REACT_AGENTSCOPE = HERE.parents[2] / "examples" / "react-agentscope"
+PRODUCT = {"question": "What is 616 * 28?", "answer": "17248", "kind": "product", "needs_tool": True}
+
+
+def test_an_agentscope_react_agent_gives_one_experience_per_model_call(
+    tmp_path: Path, smollm2: Path, served_url: str, ray_local: Any, vllm_stand_in: None, tokenizer: Any
+) -> None:
+    """examples/react-agentscope's workflow (``model: ChatModelBase``, a ReActAgent with a calculator Toolkit)."""
+    pytest.importorskip("agentscope", reason="needs reinforge[agentscope] (the package's testing extra has it)")
+    folder = tmp_path / "run"
+    run = yaml_of_example()
+    path = run_file(
+        folder,
+        smollm2,
+        "react-agentscope",
+        workflow=run["workflow"],
+        judges=run["judges"],
+        model={"model_path": str(smollm2), "max_tokens": 48, "temperature": 0.0, "max_model_len": 2048},
+    )
+    for name in ("workflow.py", "judges.py"):
+        shutil.copy(REACT_AGENTSCOPE / name, folder / name)
+    (folder / "data" / "train.jsonl").write_text(json.dumps(PRODUCT) + "\n")
+    status, exps, _ = explore_one_task(path, ray_local, served_url, repeat_times=2)
+
+    assert status.ok, status.message
+    runs = by_run(exps)
+    assert sorted(runs) == [0, 1]
+    for turns in runs.values():
+        # one experience per call the agent made, in order, each a turn of the same rollout
+        assert [e.eid.step for e in turns] == list(range(len(turns)))
+        assert all(e.metrics["reinforge/turns"] == len(turns) == e.metrics["workflow/model_calls"] for e in turns)
+        called = turns[0].metrics["workflow/tool_calls"] > 0
+        assert len(turns) == (2 if called else 1)  # max_iters 2: call the tool, then answer
+        prompts = []
+        for exp in turns:
+            tokens = exp.tokens.tolist()
+            prompt = tokenizer.decode(tokens[: exp.prompt_length])
+            prompts.append(prompt)
+            # the agent's system prompt with its tool, the demonstrations in its memory, the question
+            assert "- calculator(expression: string)" in prompt and "What is 347 * 28?" in prompt
+            assert PRODUCT["question"] in prompt
+            assert tokenizer.decode(tokens[exp.prompt_length :], skip_special_tokens=True) == exp.response_text
+            assert len(exp.logprobs) == len(tokens) - exp.prompt_length > 0
+            assert exp.reward == turns[-1].reward  # the rollout's reward on every turn (no call rewards here)
+            assert "reward/correct" in exp.metrics and "reward/tool_use" in exp.metrics
+        if called:  # the second turn saw the tool's result
+            assert "Observation:" in prompts[1] and prompts[1].startswith(prompts[0].rsplit("<|im_start|>", 1)[0])
+    # greedy, so both rollouts made the same calls; SmolLM2 with two demonstrations calls the calculator here
+    assert all(len(turns) == 2 for turns in runs.values()), {r: len(t) for r, t in runs.items()}
+    assert task_counts(exps)["kept"] == 2
+
+
+def yaml_of_example() -> dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load((REACT_AGENTSCOPE / "run.yaml").read_text())

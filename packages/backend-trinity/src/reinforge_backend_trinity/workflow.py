@@ -10,6 +10,8 @@ Each rollout attempt talks to its own ``clone_with_isolated_history()`` of the e
 the wrapper's OpenAI client: with ``enable_history`` Trinity asks the server for token ids and logprobs and
 records each call as an ``Experience`` (its own ``experience_extraction``), so a retried attempt's calls never
 mix with the kept one's, and concurrent repeats never mix with each other.
+A workflow written for AgentScope's tuner gets core's AgentScope model over the same recorded model (its client
+calls ``chat``: ``reinforge.agentscope_model.ChatModelClient``), so the agent's calls are recorded the same way.
 
 Importing this module imports Trinity (``trinity.common.workflows``); it is the dotted
 ``default_workflow_type`` of the written config, loaded only where Trinity runs.
@@ -89,11 +91,12 @@ class OpenAIClientChatModel:
     def __init__(self, client: Any, model_name: str, *, api_key: str | None = None) -> None:
         self.client = client
         self.model_name = model_name
-        self.base_url = str(getattr(client, "base_url", "") or "") or None
         self.api_key = api_key
+        # no public ``base_url``: a call sent straight to the server would bypass Trinity's recording client, so
+        # core hands an AgentScope workflow a model whose client calls ``chat`` (reinforge.agentscope_model)
 
     def __repr__(self) -> str:
-        return f"OpenAIClientChatModel({self.model_name!r}, base_url={self.base_url!r})"
+        return f"OpenAIClientChatModel({self.model_name!r}, server={str(getattr(self.client, 'base_url', ''))!r})"
 
     async def chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **sampling: Any
@@ -275,18 +278,7 @@ class ReinforgeWorkflow(Workflow):
 
     def _built(self) -> TuneJob:
         if self._job is None:
-            from reinforge.plugin import wants_agentscope
-
-            job = job_from_spec(self._spec, group_size=self.repeat_times)
-            if wants_agentscope(job.workflow, job.run.model_interface):
-                _close(job)
-                raise ConfigurationError(
-                    "ReinforgeWorkflow: this workflow wants an AgentScope model (model_interface 'agentscope' or a "
-                    "ChatModelBase annotation); the Trinity adapter of reinforge-backend-trinity 0.1.0 hands "
-                    "workflows a reinforge ChatModel only: set model_interface: reinforge, or run it on the local "
-                    "backend"
-                )
-            self._job = job
+            self._job = job_from_spec(self._spec, group_size=self.repeat_times)
         return self._job
 
     def _sampling(self) -> dict[str, Any]:
