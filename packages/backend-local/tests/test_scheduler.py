@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import threading
 
 import pytest
 import torch
@@ -271,3 +272,41 @@ def test_a_cancelled_request_leaves_the_batch_and_a_failure_reaches_every_waiter
     finally:
         scheduler.close()
     assert len(after.token_ids) >= 1  # the loop survived the failure
+
+
+def test_a_call_runs_on_the_decode_thread_between_steps_and_a_failure_reaches_its_caller(engine, policy):
+    _, tok = policy
+    prompt = _prompt(tok, "Count from one to twenty in words.")
+    scheduler = Scheduler(engine, max_batch=8)
+    seen = []
+
+    def note():
+        seen.append((threading.current_thread().name, scheduler.stats.steps, engine.lock.locked()))
+        return "done"
+
+    def fails():
+        raise ValueError("bad adapter")
+
+    async def main():
+        stream = scheduler.submit(_request(prompt, max_tokens=12))
+        count = 0
+        async for _ in stream.events():
+            count += 1
+            if count == 3:  # mid-decode: the call waits for the step in progress, then the batch goes on
+                before = scheduler.stats.steps
+                assert await asyncio.wrap_future(scheduler.call(note)) == "done"
+                with pytest.raises(ValueError, match="bad adapter"):
+                    await asyncio.wrap_future(scheduler.call(fails))
+        return before, stream.result
+
+    try:
+        assert scheduler.call(note).result(timeout=60) == "done"  # no batch running: it runs at once
+        before, result = asyncio.run(main())
+    finally:
+        scheduler.close()
+    (idle_thread, _, _), (thread, steps, locked) = seen
+    assert idle_thread == thread == "reinforge-serve-decode"
+    assert steps >= before and not locked  # between two steps, not inside one
+    assert len(result.token_ids) > 3 and result.finish_reason in ("stop", "length")  # it went on after the calls
+    with pytest.raises(RuntimeError, match="closed"):
+        scheduler.call(note)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import functools
 import os
@@ -138,6 +139,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._calls: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = collections.deque()
         self._eos = set(engine.eos_ids)
         self._anchor: tuple[Prefix, int] | None = None  # the last computed shared prefix, and its weights version
 
@@ -150,11 +152,25 @@ class Scheduler:
             if self._closed:
                 raise RuntimeError("the scheduler is closed")
             self._pending.append(stream)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="reinforge-serve-decode", daemon=True)
-                self._thread.start()
-            self._cv.notify()
+            self._wake()
         return stream
+
+    def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run ``fn()`` on the decode thread between two steps (the process's tensor work stays on one
+        thread: :mod:`~.compute`); its future. Used for the adapter swap."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("the scheduler is closed")
+            self._calls.append((fn, future))
+            self._wake()
+        return future
+
+    def _wake(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="reinforge-serve-decode", daemon=True)
+            self._thread.start()
+        self._cv.notify()
 
     async def generate(self, request: GenRequest) -> GenResult:
         """Submit and wait for the whole completion."""
@@ -180,14 +196,25 @@ class Scheduler:
         logits: torch.Tensor | None = None
         while True:
             with self._cv:
-                while not self._pending and not rows and not self._closed:
+                while not self._pending and not rows and not self._calls and not self._closed:
                     self._cv.wait()
                 if self._closed:
                     gone = RuntimeError("the server is shutting down")
                     self._deliver([(r.stream, gone) for r in rows] + [(s, gone) for s in self._pending])
                     self._pending.clear()
+                    for _, future in self._calls:
+                        future.set_exception(gone)
+                    self._calls.clear()
                     return
+                calls = list(self._calls)
+                self._calls.clear()
                 admitted = self._admit(rows)
+            for fn, future in calls:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as exc:  # noqa: BLE001 - the caller's to handle
+                        future.set_exception(exc)
             new: list[_Row] = []
             try:
                 with self.engine.lock, torch.inference_mode():

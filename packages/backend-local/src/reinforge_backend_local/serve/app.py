@@ -465,18 +465,17 @@ class Service:
         if swapper is None:
             raise ApiError("this server cannot swap adapters", status=409, code="swap_unsupported")
         self._bind()
-        loop = asyncio.get_running_loop()
         async with self._swap_lock:  # one swap at a time
             target = Path(raw).expanduser() if raw is not None else None
-            try:  # read and checked off the event loop, while the old weights keep serving
-                folder, factors = await loop.run_in_executor(None, swapper.read, target)
+            try:  # read and checked on the decode thread between two steps (all tensor work is there: .compute)
+                folder, factors = await asyncio.wrap_future(self.served.scheduler.call(lambda: swapper.read(target)))
             except AdapterError as exc:
                 self.metrics.swaps.labels("rejected").inc()
                 raise ApiError(f"adapter rejected: {exc}", param="path", code="invalid_adapter") from exc
             self._open.clear()  # drain: admitted requests finish on the old weights
             try:
                 await self._idle.wait()
-                await loop.run_in_executor(None, swapper.apply, factors)
+                await asyncio.wrap_future(self.served.scheduler.call(lambda: swapper.apply(factors)))
                 self.served.adapter = folder
                 self.served.policy_version += 1
             except Exception as exc:  # noqa: BLE001 - the server's fault, not the request's

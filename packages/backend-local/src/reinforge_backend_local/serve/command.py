@@ -64,6 +64,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def build(args: argparse.Namespace) -> Any:
     """The ASGI app for ``args`` (model loaded), without binding anything."""
+    from ..compute import in_passing_thread
     from . import auth
     from .app import build_app
     from .metrics import Metrics
@@ -76,7 +77,9 @@ def build(args: argparse.Namespace) -> Any:
         raise ConfigError("--admin-key-env: the admin key must differ from the traffic key (--api-key-env)")
     source = resolve_source(args.target, args.adapter, name=args.served_model_name)
     metrics = Metrics()
-    served = load(
+    # loaded on a thread that ends: the decode thread must be the process's only OpenMP team (.compute)
+    served = in_passing_thread(
+        load,
         source,
         max_batch=args.max_batch,
         max_model_len=args.max_model_len,
