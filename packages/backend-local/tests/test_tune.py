@@ -174,3 +174,40 @@ def test_resume_after_a_kill_between_steps_reproduces_the_next_step(model_folder
     assert resumed.steps[step]["loss"] == reference.steps[step]["loss"]
     sampled = {k: v for k, v in reference.tokens.items() if k[0] == step - 1}
     assert sampled and {k: v for k, v in resumed.tokens.items() if k[0] == step - 1} == sampled
+
+
+def test_the_tensor_work_of_a_run_happens_on_one_thread(model_folder, data, tmp_path, monkeypatch):
+    """Loading, decoding, the LoRA merge, training and saving: all on the compute thread (see compute.py: a
+    second thread running torch's OpenMP kernels slowed every parallel region of the other)."""
+    import threading
+
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    from reinforge_backend_local import checkpoint, session
+    from reinforge_backend_local.engine import Engine
+    from reinforge_backend_local.trainer import Trainer
+
+    seen: dict[str, set[str]] = {}
+
+    def spy(owner, name):
+        original = getattr(owner, name)
+
+        def wrapped(*args, **kwargs):
+            seen.setdefault(name, set()).add(threading.current_thread().name)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, wrapped)
+
+    for owner, name in [
+        (session, "load_policy"),
+        (LoraLinear, "get_delta_weight"),  # the LoRA merge before decoding
+        (Engine, "generate"),
+        (Trainer, "step"),
+        (checkpoint, "save"),
+    ]:
+        spy(owner, name)
+    summary = _tune(model_folder, data, tmp_path / "run", 1, Recorder(), threads=2)
+    assert summary["status"] == "finished" and summary["steps"] == 1
+    assert set(seen) == {"load_policy", "get_delta_weight", "generate", "step", "save"}
+    names = set().union(*seen.values())
+    assert len(names) == 1 and names.pop().startswith("reinforge-compute"), seen

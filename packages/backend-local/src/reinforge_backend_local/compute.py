@@ -3,11 +3,12 @@
 torch's CPU kernels run on OpenMP (GNU libgomp in the PyPI wheels). Every thread that runs a
 parallel region gets its own team of worker threads, and the team stays for as long as that thread
 lives. With two such threads in a process (the server's decode loop and the thread that loaded the
-model, or backend-local's decode thread and the trainer), each parallel region paid for it on this
+model, or backend-local's decode thread and the trainer), each parallel region paid for it on a
 2-core machine, measured: a 1-row decode step took 55-60 ms on the decode thread while the loading
-thread's idle team lived, against 35 ms with one team; a forward and backward pass over 32 samples
-took 13.3 s against 10.5 s. So the rule: all tensor work of a process happens on one thread, and a
-thread that had to do some elsewhere ends (its team ends with it).
+thread's idle team lived, against 35 ms with one team; a training forward and backward pass over 32
+samples took 10-27% longer while another thread's idle team lived (three alternating pairs of
+processes). So the rule: all tensor work of a process happens on one thread, and a thread that had
+to do some elsewhere ends (its team ends with it).
 """
 
 from __future__ import annotations

@@ -9,9 +9,7 @@ are dropped from the batch, so a short answer does not pay for a long one.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import functools
 import inspect
 import os
 import threading
@@ -21,6 +19,7 @@ from typing import Any
 
 import torch
 
+from .compute import compute_executor
 from .sampling import request_generator, sample
 
 
@@ -376,12 +375,6 @@ class _HFSession:
         return out.logits[:, -1, :].float().cpu()
 
 
-@functools.cache
-def _decode_thread() -> concurrent.futures.ThreadPoolExecutor:
-    """Every decode runs on this one thread: its tensors come from one malloc arena, not one per pool thread."""
-    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reinforge-decode")
-
-
 class MicroBatcher:
     """Collects concurrent requests and runs them as one ``Engine.generate`` call.
 
@@ -452,7 +445,8 @@ class MicroBatcher:
                 self._wake.set()
             try:
                 loop = asyncio.get_running_loop()
-                results = await loop.run_in_executor(_decode_thread(), self._generate, [r for r, _ in batch])
+                # the process's one tensor thread (.compute): the trainer runs there too
+                results = await loop.run_in_executor(compute_executor(), self._generate, [r for r, _ in batch])
             except BaseException as exc:  # noqa: BLE001 - hand the failure to every waiter
                 for _, fut in batch:
                     if not fut.done():

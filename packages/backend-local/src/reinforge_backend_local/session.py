@@ -29,6 +29,7 @@ from reinforge.plugin import (
 
 from . import checkpoint, packing
 from .algorithms import resolve
+from .compute import on_compute_thread
 from .endpoint import PolicyEndpoint
 from .engine import Engine, MicroBatcher
 from .memory import configure_malloc, release_free_memory
@@ -67,20 +68,12 @@ class Policy:
         configure_malloc()  # decode threads and the training thread share freed memory; big tensors go back on free
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
-        model, tokenizer, self.folder = load_policy(mc.model_path, dtype=self.dtype, device=str(self.device))
         self.peft = lora and not mc.full_finetune
-        if self.peft:
-            model = attach_lora(model, mc)
-        elif lora:
-            model.requires_grad_(True)
+        self.name = mc.model_path or DEFAULT_MODEL
+        # loaded, wrapped and packed on the thread that will decode and train with it (.compute)
+        model, tokenizer, self.folder, packer = on_compute_thread(self._load, mc, lora, prepacked_weights)
         self.model = model
         self.tokenizer = tokenizer
-        self.name = mc.model_path or DEFAULT_MODEL
-        # oneDNN packing is a CPU layout; on a GPU every layer stays on F.linear
-        on_cpu = self.device.type == "cpu"
-        packer = packing.Packer() if prepacked_weights and on_cpu and packing.available() else None
-        if packer is not None:
-            packing.install(model, packer)  # frozen layers train on the packed weights too
         self.engine = Engine(
             model,
             tokenizer,
@@ -93,6 +86,19 @@ class Policy:
         self.batcher = MicroBatcher(self.engine, window_s=window_s)
         self.template = ChatTemplate(tokenizer, mc.max_model_len)
         self.endpoint = PolicyEndpoint(self.name).start()
+
+    def _load(self, mc: ModelConfig, lora: bool, prepacked_weights: bool) -> tuple[Any, Any, Path, Any]:
+        model, tokenizer, folder = load_policy(mc.model_path, dtype=self.dtype, device=str(self.device))
+        if self.peft:
+            model = attach_lora(model, mc)
+        elif lora:
+            model.requires_grad_(True)
+        # oneDNN packing is a CPU layout; on a GPU every layer stays on F.linear
+        on_cpu = self.device.type == "cpu"
+        packer = packing.Packer() if prepacked_weights and on_cpu and packing.available() else None
+        if packer is not None:
+            packing.install(model, packer)  # frozen layers train on the packed weights too
+        return model, tokenizer, folder, packer
 
     def provider(self, seed_key: tuple, version: int, sampling: dict[str, Any]) -> Callable[[Any], RecordingChatModel]:
         """A model provider for the runner: each trajectory gets its own recorded policy model."""
@@ -242,6 +248,7 @@ class TrainingSession:
         opts, algo, run = self.opts, self.algo, self.run
         if opts.threads:
             torch.set_num_threads(opts.threads)
+            on_compute_thread(torch.set_num_threads, opts.threads)  # OpenMP's count is per thread
         torch.manual_seed(algo.seed)
         random.seed(algo.seed)
         check_accuracy_key(self.job)
@@ -270,7 +277,8 @@ class TrainingSession:
             prepacked_weights=opts.prepacked_weights,
             device=opts.device,
         )
-        self.trainer = trainer = Trainer(
+        self.trainer = trainer = on_compute_thread(
+            Trainer,
             policy.model,
             algo,
             self.loss,
@@ -284,12 +292,14 @@ class TrainingSession:
         if not policy.peft and self.loss.kl_coef > 0:
             import copy
 
-            trainer.reference = copy.deepcopy(policy.model).requires_grad_(False).eval()
+            trainer.reference = on_compute_thread(lambda: copy.deepcopy(policy.model).requires_grad_(False).eval())
         if opts.resume:
             ckpt = Path(opts.resume) if (Path(opts.resume) / "state.json").exists() else checkpoint.latest(run_dir)
             if ckpt is None:
                 raise ConfigError(f"--resume: {run_dir} has no checkpoint")
-            saved = checkpoint.load(ckpt, model=policy.model, optimizer=trainer.optimizer, peft=policy.peft)
+            saved = on_compute_thread(
+                checkpoint.load, ckpt, model=policy.model, optimizer=trainer.optimizer, peft=policy.peft
+            )
             self.state = TrainState.from_json(saved)
             _trim_metrics(run_dir / "metrics.jsonl", self.state.step)
             _say(f"resumed from {ckpt} at step {self.state.step}")
@@ -333,7 +343,8 @@ class TrainingSession:
         result = self._rollouts(runner, tasks)
         t_roll = time.perf_counter() - t0
         samples = build_samples(result, algo, self.loss, name=self.algorithm_name)
-        train_metrics = trainer.step(samples)  # hands each micro-batch's freed activations back itself
+        # on the thread that decodes (.compute); hands each micro-batch's freed activations back itself
+        train_metrics = on_compute_thread(trainer.step, samples)
         state.step = step
         dec_s = policy.engine.stats.seconds - decode_before[0]
         dec_tok = policy.engine.stats.completion_tokens - decode_before[1]
@@ -450,8 +461,12 @@ class TrainingSession:
 
     def _rollouts(self, runner: Any, tasks: list[dict]) -> Any:
         assert self.policy is not None
-        with merged_for_decode(self.policy.model, self.policy.peft):
-            result = asyncio.run(runner.run_batch(tasks))
+        merged = merged_for_decode(self.policy.model, self.policy.peft)
+        on_compute_thread(merged.__enter__)  # the merge is tensor work: on the decoding thread (.compute)
+        try:
+            result = asyncio.run(runner.run_batch(tasks))  # the event loop here, the decode batches there
+        finally:
+            on_compute_thread(merged.__exit__, None, None, None)  # the originals back, whatever happened
         release_free_memory()  # the decode batches' caches are gone: their pages go back before the update
         return result
 
@@ -489,7 +504,8 @@ class TrainingSession:
     def _save(self) -> None:
         assert self.run_dir is not None and self.policy is not None and self.trainer is not None
         folder = self.run_dir / "checkpoints" / f"step-{self.state.step}"
-        checkpoint.save(
+        on_compute_thread(
+            checkpoint.save,
             folder,
             model=self.policy.model,
             optimizer=self.trainer.optimizer,
