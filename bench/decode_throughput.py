@@ -2,6 +2,7 @@
 
 Same model (SmolLM2-135M-Instruct, fp32), same prompts (math questions in the
 example's chat format), 32 new tokens at most, temperature 1.0, 2 threads.
+Both decode on backend-local's compute thread (one OpenMP team in the process).
 Two workloads: ``grouped`` (4 questions x 8 samples, as GRPO asks for them) and
 ``distinct`` (32 different questions). Runs alternate engine/HF, medians of
 ``--repeats``. The speedup is against ``generate`` in the engine's dtype
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 
 from reinforge.config import ModelConfig
+from reinforge_backend_local.compute import on_compute_thread
 from reinforge_backend_local.policy import PolicyChatModel
 from reinforge_backend_local.session import Policy
 
@@ -72,18 +74,22 @@ def run_hf(policy: Policy, prompts: list[str], max_tokens: int, seed: int, model
     input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
     mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
     torch.manual_seed(seed)
+
+    def generate() -> torch.Tensor:
+        with torch.inference_mode():
+            return model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                max_new_tokens=max_tokens,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                pad_token_id=pad,
+            )
+
     start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=mask,
-            max_new_tokens=max_tokens,
-            do_sample=True,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            pad_token_id=pad,
-        )
+    out = on_compute_thread(generate)  # the thread the engine decodes on: one OpenMP team for both
     seconds = time.perf_counter() - start
     gen = out[:, width:]
     tokens = 0
@@ -104,8 +110,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    on_compute_thread(torch.set_num_threads, args.threads)
     policy = Policy(ModelConfig(model_path="smollm2-135m-instruct"), max_batch=64, window_s=0.05, lora=False)
-    bf16 = copy.deepcopy(policy.model).to(torch.bfloat16)
+    bf16 = on_compute_thread(lambda: copy.deepcopy(policy.model).to(torch.bfloat16))
     workloads = {"grouped": [q for q in questions(4) for _ in range(8)], "distinct": questions(32)}
     result: dict = {"bench": "decode_throughput", "batch": 32, "max_tokens": args.max_tokens, "threads": args.threads}
     run_engine(policy, workloads["grouped"][:8], 4, 0)  # warm-up
