@@ -109,8 +109,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    on_compute_thread(torch.set_num_threads, args.threads)
+    on_compute_thread(torch.set_num_threads, args.threads)  # torch's count, and the decoding thread's OpenMP count
     policy = Policy(ModelConfig(model_path="smollm2-135m-instruct"), max_batch=64, window_s=0.05, lora=False)
     bf16 = on_compute_thread(lambda: copy.deepcopy(policy.model).to(torch.bfloat16))
     workloads = {"grouped": [q for q in questions(4) for _ in range(8)], "distinct": questions(32)}

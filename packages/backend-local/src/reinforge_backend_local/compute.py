@@ -47,17 +47,5 @@ def in_passing_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     For tensor work that must happen before the thread that will do the rest exists (loading the served
     model before the decode loop starts). Exceptions propagate.
     """
-    box: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            box["value"] = fn(*args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - handed to the caller
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, name="reinforge-passing")
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reinforge-passing") as passing:
+        return passing.submit(fn, *args, **kwargs).result()  # leaving the block ends the thread

@@ -247,8 +247,8 @@ class TrainingSession:
         """Data, run folder, policy, trainer, and the checkpoint to resume from."""
         opts, algo, run = self.opts, self.algo, self.run
         if opts.threads:
-            torch.set_num_threads(opts.threads)
-            on_compute_thread(torch.set_num_threads, opts.threads)  # OpenMP's count is per thread
+            # on the thread that runs the kernels: torch's count, and that thread's own OpenMP count
+            on_compute_thread(torch.set_num_threads, opts.threads)
         torch.manual_seed(algo.seed)
         random.seed(algo.seed)
         check_accuracy_key(self.job)

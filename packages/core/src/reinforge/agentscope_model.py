@@ -25,7 +25,6 @@ import functools
 import importlib
 import importlib.util
 import inspect
-import json
 import re
 import time
 import typing
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from .config import MODEL_INTERFACES
 from .errors import ConfigError, MissingExtraError, ReinforgeError, require
+from .models import openai_message
 
 if TYPE_CHECKING:
     from .models import ChatResponse
@@ -171,25 +171,7 @@ def chat_completion(response: ChatResponse, model_name: str) -> Any:
     """``response`` as the ``openai`` package's ``ChatCompletion`` (what AgentScope's model parses)."""
     from openai.types.chat import ChatCompletion
 
-    message: dict[str, Any] = {"role": "assistant", "content": response.message.get("content")}
-    reasoning = response.message.get("reasoning_content")
-    if reasoning:
-        message["reasoning_content"] = reasoning
-    calls = []
-    for index, call in enumerate(response.tool_calls):
-        function = call.get("function") or {}
-        arguments = function.get("arguments")
-        if not isinstance(arguments, str):
-            arguments = json.dumps(arguments if arguments is not None else {})
-        calls.append(
-            {
-                "id": call.get("id") or f"call_{index}",
-                "type": "function",
-                "function": {"name": function.get("name") or "", "arguments": arguments},
-            }
-        )
-    if calls:
-        message["tool_calls"] = calls
+    message = openai_message(response.message)
     usage = {k: int(response.usage.get(k, 0)) for k in ("prompt_tokens", "completion_tokens")}
     usage["total_tokens"] = int(response.usage.get("total_tokens") or sum(usage.values()))
     finish = response.finish_reason if response.finish_reason in _FINISH_REASONS else "stop"

@@ -7,6 +7,7 @@ makes is recorded into its trajectory as a :class:`ModelCall`.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -15,6 +16,23 @@ if TYPE_CHECKING:
     from .trajectory import Trajectory
 
 Message = dict[str, Any]
+
+
+def openai_message(message: Message) -> Message:
+    """``message`` as an OpenAI client expects an assistant message: role, a content key, tool call ids and
+    JSON-string arguments (a workflow's or a script's message may omit them, or hold the arguments as a dict)."""
+    out = {"role": "assistant", "content": None, **message}
+    calls = []
+    for i, call in enumerate(out.get("tool_calls") or []):
+        fn = dict(call.get("function") or {})
+        args = fn.get("arguments", "{}")
+        fn["arguments"] = args if isinstance(args, str) else json.dumps(args)
+        calls.append({"id": call.get("id") or f"call_{i}", "type": call.get("type", "function"), "function": fn})
+    if calls:
+        out["tool_calls"] = calls
+    else:
+        out.pop("tool_calls", None)
+    return out
 
 
 @dataclass

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from ..models import openai_message
+
 __all__ = ["OpenAIServer", "Reply", "Responder"]
 
 
@@ -65,22 +67,6 @@ def _words(value: Any) -> int:
 
 def _prompt_tokens(body: dict[str, Any]) -> int:
     return sum(_words(m.get("content")) for m in body.get("messages") or [] if isinstance(m, dict))
-
-
-def _normalize_message(message: dict[str, Any]) -> dict[str, Any]:
-    """Fill what a client expects: role, content key, tool call ids and JSON string arguments."""
-    out = {"role": "assistant", "content": None, **message}
-    calls = []
-    for i, call in enumerate(out.get("tool_calls") or []):
-        fn = dict(call.get("function") or {})
-        args = fn.get("arguments", "{}")
-        fn["arguments"] = args if isinstance(args, str) else json.dumps(args)
-        calls.append({"id": call.get("id") or f"call_{i}", "type": call.get("type", "function"), "function": fn})
-    if calls:
-        out["tool_calls"] = calls
-    else:
-        out.pop("tool_calls", None)
-    return out
 
 
 def _completion_tokens(message: dict[str, Any]) -> int:
@@ -197,7 +183,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- payloads ---------------------------------------------------------
     def _message(self, reply: Reply) -> dict[str, Any]:
-        return _normalize_message(reply.message if reply.message is not None else {"content": reply.content or ""})
+        return openai_message(reply.message if reply.message is not None else {"content": reply.content or ""})
 
     def _completion(self, body: dict[str, Any], reply: Reply) -> dict[str, Any]:
         message = self._message(reply)
