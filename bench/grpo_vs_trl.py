@@ -186,6 +186,7 @@ def child_reinforge(steps: int, seed: int) -> dict:
         "time/train",
         "train/tokens",
         "train/seq_tokens",
+        "train/run_tokens",
     ]
     return {
         "step_seconds": [r["step_seconds"] for r in records],
@@ -272,6 +273,10 @@ def main() -> None:
     # LoRA training FLOPs per token ~ 4 N (forward 2N + backward through frozen weights 2N), N = 134.5M
     train_s = breakdown["time/forward_backward"]
     seq_tokens = breakdown["train/seq_tokens"]  # prompt + completion tokens of the step's sequences
+    # what the forward actually ran: a shared prompt once, no padding (packed layout); the LM head (the tied
+    # embedding, 28.3M of N) only on completion tokens, the other 106.2M weights on every run token
+    run_tokens, completion_tokens = breakdown["train/run_tokens"], breakdown["train/tokens"]
+    executed_flops = 4 * (106.2e6 * run_tokens + 28.3e6 * completion_tokens)
     peak = matmul_peak_gflops()
     result = {
         "bench": "grpo_vs_trl",
@@ -296,6 +301,9 @@ def main() -> None:
         "train_tokens_per_step": seq_tokens,
         "train_flops_note": "utilisation = 4 * 134.5e6 * (prompt+completion tokens) / forward_backward time / peak",
         "train_flop_utilisation": round(4 * 134.5e6 * seq_tokens / train_s / (peak * 1e9), 3) if train_s else None,
+        "train_run_tokens_per_step": run_tokens,
+        "executed_flops_note": "4 * (106.2e6 * run tokens + 28.3e6 * completion tokens) / forward_backward / peak",
+        "executed_flop_utilisation": round(executed_flops / train_s / (peak * 1e9), 3) if train_s else None,
     }
     print(json.dumps(result))
 

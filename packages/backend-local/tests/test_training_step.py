@@ -151,7 +151,13 @@ def test_a_shared_prompt_prefix_runs_once_with_the_same_loss_and_lora_gradients(
         results = []
         for share in (True, False):
             trainer = Trainer(
-                model, AlgorithmConfig(group_size=2), temperature=1.0, pad_id=2, peft=True, share_prefix=share
+                model,
+                AlgorithmConfig(group_size=2),
+                temperature=1.0,
+                pad_id=2,
+                peft=True,
+                share_prefix=share,
+                pack=False,
             )
             model.zero_grad(set_to_none=True)
             loss, _ = trainer._batch_loss(batch, *trainer._totals(batch))
@@ -225,30 +231,88 @@ def test_the_lm_head_on_completion_tokens_only_gives_the_full_logits_loss_and_gr
     monkeypatch.setattr(trainer_module, "LOGPROB_CHUNK_TOKENS", 8)  # several chunks for these 28 completion tokens
     with perturbed_lora(model, 1) as lora:
         results = []
-        for own_head in (True, False):
-            for share in (True, False):
-                trainer = Trainer(
-                    model,
-                    AlgorithmConfig(group_size=2),
-                    temperature=0.9,
-                    pad_id=2,
-                    peft=True,
-                    share_prefix=share,
-                    completion_head=own_head,
-                )
-                model.zero_grad(set_to_none=True)
-                loss, stats = trainer._batch_loss(batch, *trainer._totals(batch))
-                loss.backward()
-                with torch.no_grad():
-                    logp, entropy, cmask = trainer._forward_logprobs(model, batch)
-                grads = {n: p.grad.detach().clone() for n, p in lora.items()}
-                results.append((loss.detach(), logp * cmask, entropy * cmask, stats["entropy"], grads))
+        # (own head, shared prefix, packed); the last: the model's own padded logits, no prefix sharing
+        for own_head, share, pack in (
+            (True, True, True),
+            (True, True, False),
+            (True, False, False),
+            (False, True, False),
+            (False, False, False),
+        ):
+            trainer = Trainer(
+                model,
+                AlgorithmConfig(group_size=2),
+                temperature=0.9,
+                pad_id=2,
+                peft=True,
+                share_prefix=share,
+                completion_head=own_head,
+                pack=pack,
+            )
+            model.zero_grad(set_to_none=True)
+            loss, stats = trainer._batch_loss(batch, *trainer._totals(batch))
+            loss.backward()
+            with torch.no_grad():
+                logp, entropy, cmask = trainer._forward_logprobs(model, batch)
+            grads = {n: p.grad.detach().clone() for n, p in lora.items()}
+            results.append((loss.detach(), logp * cmask, entropy * cmask, stats["entropy"], grads))
         reference = results[-1]  # the model's own padded logits, no prefix sharing
         for loss, logp, entropy, entropy_sum, grads in results[:-1]:
             torch.testing.assert_close(logp, reference[1], atol=1e-4, rtol=0)
             torch.testing.assert_close(entropy, reference[2], atol=1e-3, rtol=0)
             torch.testing.assert_close(loss, reference[0], atol=1e-5, rtol=0)
             assert abs(entropy_sum - reference[3]) <= 1e-3 * abs(reference[3])  # a sum of 28 entropies
+            for n in lora:  # float32 summation order differs between the layouts
+                torch.testing.assert_close(grads[n], reference[4][n], atol=1e-5, rtol=1e-3)
+        assert any(bool(g.abs().sum() > 0) for n, g in reference[4].items() if "lora_A" in n)
+
+
+def test_packed_micro_batches_give_the_padded_loss_and_lora_gradients(lora_policy):
+    """The padding-free layout (shared prefixes once, rows of prefix trees, several micro-batches) is exact."""
+    model, tokenizer = lora_policy
+    template = ChatTemplate(tokenizer, 512)
+    system = "You solve arithmetic problems. Use the calculator when unsure, then give the answer as a number."
+    turn1 = [{"role": "system", "content": system}, {"role": "user", "content": "What is 347 * 28?"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "calc(347 * 28)"}, {"role": "user", "content": "9716"}]
+    grpo = template.prompt_ids([{"role": "system", "content": system}, {"role": "user", "content": "Is 7 prime?"}])
+    lone = template.prompt_ids([{"role": "user", "content": "Name a colour."}])
+    prompts = [grpo] * 4 + [template.prompt_ids(turn1), template.prompt_ids(turn2), lone]
+    completions = [[1000 + 7 * i + j for i in range(n)] for j, n in enumerate((5, 9, 1, 5, 4, 7, 3))]
+    completions[3][:2] = completions[0][:2]  # two completions that start alike: shared tokens too
+    batch = [
+        Sample(p, c, [-1.2] * len(c), a, temperature=t)
+        for p, c, a, t in zip(prompts, completions, (1.0, -0.5, 0.25, -1.0, 0.5, 0.3, -0.2), (None,) * 6 + (0.7,))
+    ]
+    with perturbed_lora(model, 2) as lora:
+        results = []
+        for pack, budget in ((True, 1024), (True, 90), (False, 1024)):
+            trainer = Trainer(
+                model,
+                AlgorithmConfig(group_size=2),
+                temperature=0.9,
+                pad_id=2,
+                peft=True,
+                pack=pack,
+                micro_batch_tokens=budget,
+            )
+            parts = trainer._split(batch)
+            model.zero_grad(set_to_none=True)
+            loss, run = 0.0, 0.0
+            for part in parts:
+                part_loss, stats = trainer._batch_loss(part, *trainer._totals(batch))
+                part_loss.backward()
+                loss += float(part_loss.detach())
+                run += stats["run_tokens"]
+            with torch.no_grad():
+                logp, _, cmask = trainer._forward_logprobs(model, batch)
+            results.append((len(parts), loss, run, logp * cmask, {n: p.grad.detach().clone() for n, p in lora.items()}))
+        (one, *_), (several, *_) = results[0], results[1]
+        assert one == 1 and several > 1  # the small budget cut the batch into micro-batches
+        reference = results[-1]
+        for _, loss, run, logp, grads in results[:-1]:
+            assert run < 0.6 * reference[2]  # the prompts once per tree, no padding
+            torch.testing.assert_close(logp, reference[3], atol=1e-4, rtol=0)
+            assert abs(loss - reference[1]) <= 1e-5
             for n in lora:  # float32 summation order differs between the layouts
                 torch.testing.assert_close(grads[n], reference[4][n], atol=1e-5, rtol=1e-3)
         assert any(bool(g.abs().sum() > 0) for n, g in reference[4].items() if "lora_A" in n)

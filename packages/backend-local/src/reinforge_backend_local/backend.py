@@ -28,8 +28,9 @@ class LocalSettings(Settings):
 
     output_dir: str = "runs"  # runs/<project>/<experiment>-<timestamp>/
     resume: str | None = None  # a run folder (its latest checkpoint) or a checkpoint folder
-    micro_batch: int = 8  # sequences per forward/backward (8 is faster than 16 here, and ~1 GB smaller)
-    micro_batch_tokens: int | None = 1024  # and at most this many padded tokens (long multi-turn samples)
+    micro_batch: int = 8  # padded layout: sequences per forward/backward (8 is faster than 16 there, ~1 GB smaller)
+    micro_batch_tokens: int | None = 1024  # token positions per forward/backward (long multi-turn samples)
+    packed_batches: bool = True  # a group's shared prompt once, samples packed without padding (layout.py)
     max_batch: int = 64  # rows per decode batch
     window_s: float = 0.05  # micro-batching window for calls that arrive apart
     fast_decode: bool = True  # the hand-written decoder for Llama-family models (else HF's forward)

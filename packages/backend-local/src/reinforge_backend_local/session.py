@@ -288,6 +288,7 @@ class TrainingSession:
             micro_batch=opts.micro_batch,
             micro_batch_tokens=opts.micro_batch_tokens,
             peft=policy.peft,
+            pack=opts.packed_batches,
         )
         if not policy.peft and self.loss.kl_coef > 0:
             import copy

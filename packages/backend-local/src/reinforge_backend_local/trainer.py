@@ -23,6 +23,7 @@ import torch
 
 from reinforge.plugin import BatchResult
 
+from . import layout
 from .algorithms import LossSettings, advantages, call_advantages, resolve, zero_variance
 from .memory import release_free_memory
 
@@ -225,6 +226,7 @@ class Trainer:
         peft: bool,
         share_prefix: bool = True,
         completion_head: bool = True,
+        pack: bool = True,
     ) -> None:
         self.model = model
         self.algo = algo
@@ -237,6 +239,8 @@ class Trainer:
         self.share_prefix = share_prefix  # run a micro-batch's shared prompt prefix once (exact: gradients add up)
         # the LM head on the real completion tokens only, in chunks (models whose logits are just the head's)
         self.completion_head = completion_head
+        # padding-free micro-batches: each group's prompt once, samples packed into rows (needs the plain head)
+        self.pack = pack and completion_head and _plain_head(model) is not None
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("no trainable parameters")
@@ -250,6 +254,8 @@ class Trainer:
         The batch is laid out on the CPU and copied to the model's device once (three copies, not one per row).
         """
         dev = next(model.parameters()).device
+        if self.pack:
+            return self._packed_logprobs(model, batch, dev)
         shared = shared_prefix(batch) if self.share_prefix else 0
         seqs = [s.prompt_ids[shared:] + s.completion_ids for s in batch]
         width = max(map(len, seqs))
@@ -295,6 +301,42 @@ class Trainer:
             entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy, cmask
 
+    def _packed_logprobs(self, model: Any, batch: list[Sample], dev: Any) -> tuple[torch.Tensor, ...]:
+        """:meth:`_forward_logprobs` over the padding-free layout (:mod:`.layout`), in the same left-padded shape."""
+        parts = _plain_head(model)
+        assert parts is not None
+        inner, head = parts
+        dtype = next(model.parameters()).dtype
+        packed = layout.pack([s.prompt_ids for s in batch], [s.completion_ids for s in batch], self.pad_id, dtype)
+        out = inner(
+            input_ids=packed.ids.to(dev),
+            attention_mask=packed.mask.to(dev),
+            position_ids=packed.positions.to(dev),
+            use_cache=False,
+        )
+        hidden = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[packed.predict.to(dev)]
+        temps = self._temperatures(batch, dev)
+        if isinstance(temps, torch.Tensor):
+            counts = torch.tensor([len(s.completion_ids) for s in batch], device=dev)
+            temps = temps.view(-1).repeat_interleave(counts)
+        lp, ent = completion_logprobs(head, hidden, packed.targets.to(dev), temps, LOGPROB_CHUNK_TOKENS)
+        comp = max(len(s.completion_ids) for s in batch)
+        cmask = torch.zeros((len(batch), comp), dtype=torch.float32)
+        for i, s in enumerate(batch):
+            cmask[i, comp - len(s.completion_ids) :] = 1
+        cmask = cmask.to(dev)
+        real = cmask.bool()  # row-major: sample by sample, each one's tokens in order, as ``predict``
+        logp = torch.zeros(cmask.shape, dtype=lp.dtype, device=dev).masked_scatter(real, lp)
+        entropy = torch.zeros(cmask.shape, dtype=ent.dtype, device=dev).masked_scatter(real, ent)
+        return logp, entropy, cmask
+
+    def _run_tokens(self, batch: list[Sample]) -> int:
+        """Token positions the forward runs for ``batch``: a shared prefix once; padded rows count their padding."""
+        if self.pack:
+            return layout.tokens_run([s.prompt_ids for s in batch], [s.completion_ids for s in batch])
+        shared = shared_prefix(batch) if self.share_prefix else 0
+        return shared + len(batch) * max(len(s.prompt_ids) + len(s.completion_ids) - shared for s in batch)
+
     def _temperatures(self, batch: list[Sample], dev: Any) -> torch.Tensor | float:
         """The divisor of each row's logits: its sample's temperature (greedy counts as 1), else the trainer's."""
         if all(s.temperature is None for s in batch):
@@ -339,6 +381,7 @@ class Trainer:
         stats = {
             "tokens": float(cmask.sum()),
             "seq_tokens": float(sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch)),
+            "run_tokens": float(self._run_tokens(batch)),
             "reference_s": ref_s,
         }
         if ref is not None:
@@ -359,6 +402,11 @@ class Trainer:
         return loss, stats
 
     def _split(self, items: list[Sample]) -> list[list[Sample]]:
+        if self.pack:
+            parts = layout.split(
+                [s.prompt_ids for s in items], [s.completion_ids for s in items], self.micro_batch_tokens
+            )
+            return [[items[i] for i in part] for part in parts]
         shared = shared_prefix(items) if self.share_prefix else 0
         return _micro_batches(items, self.micro_batch, self.micro_batch_tokens, shared)
 
@@ -389,6 +437,7 @@ class Trainer:
             "ratio": 0.0,
             "tokens": 0.0,
             "seq_tokens": 0.0,
+            "run_tokens": 0.0,
         }
         grad_norm = 0.0
         timings = {"time/forward_backward": 0.0, "time/reference": 0.0, "time/optimizer": 0.0}
@@ -402,7 +451,7 @@ class Trainer:
                     timings["time/forward_backward"] += time.perf_counter() - tf - stats["reference_s"]
                     timings["time/reference"] += stats["reference_s"]
                     sums["loss"] += float(loss.detach()) / epochs
-                    for key in ("kl", "entropy", "clip_frac", "ratio", "tokens", "seq_tokens"):
+                    for key in ("kl", "entropy", "clip_frac", "ratio", "tokens", "seq_tokens", "run_tokens"):
                         sums[key] += stats.get(key, 0.0) / epochs
                     del loss
                     release_free_memory()  # the micro-batch's activations: the next one starts from live memory
@@ -426,6 +475,7 @@ class Trainer:
             "train/samples": float(len(items)),
             "train/tokens": sums["tokens"],
             "train/seq_tokens": sums["seq_tokens"],
+            "train/run_tokens": sums["run_tokens"],
             **timings,
             "time/train": time.perf_counter() - t0,
         }
