@@ -106,6 +106,40 @@ def test_a_live_lora_adapter_is_applied_and_a_merged_one_is_not_applied_twice(mo
     torch.testing.assert_close(disabled, plain, atol=ATOL, rtol=0)
 
 
+def test_stacked_projections_follow_the_weights_through_merges_and_updates(model_folder):
+    """With a packer, q/k/v and gate/up run stacked; the stack is redone when a merge or an update changes them."""
+    if not available():
+        pytest.skip("oneDNN is not available in this torch build")
+    model, tok, _ = load_policy(str(model_folder))
+    model = attach_lora(model, ModelConfig(model_path=str(model_folder), lora_rank=8, lora_alpha=16)).eval()
+    prompts = [_prompt(tok, "What is 5 + 8?"), _prompt(tok, "What is 13 * 3?")]
+    packer = Packer()
+    dec = LlamaDecoder(model, packer)
+    for seed in (0, 1):  # a training step changes the adapter between two decode phases
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(std=0.05)
+        with torch.inference_mode():
+            adapted = _reference_logits(model, prompts)
+            with model.disable_adapter():
+                plain = _reference_logits(model, prompts)
+            with merged_for_decode(model, True):
+                session = dec.session()
+                merged = session.prefill(prompts, [0, 1], 1)
+            assert session.layers[0].qkv.sizes is not None  # one stacked matmul for q, k and v
+            with model.disable_adapter():
+                disabled = dec.session().prefill(prompts, [0, 1], 1)
+            live = dec.session()
+            assert live.layers[0].qkv.sizes is None  # live factors: one matmul per projection
+            live_logits = live.prefill(prompts, [0, 1], 1)
+        torch.testing.assert_close(merged, adapted, atol=ATOL, rtol=0)
+        torch.testing.assert_close(live_logits, adapted, atol=ATOL, rtol=0)
+        torch.testing.assert_close(disabled, plain, atol=ATOL, rtol=0)
+    assert all(len(v) <= 2 for v in packer.stacks.values())  # the base weights and the latest merge
+
+
 def test_engine_fast_and_hf_paths_sample_the_same_completions(policy):
     model, tok = policy
     prompts = [_prompt(tok, q) for q in ("What is 7 + 5?", "What is 30 + 12?")]

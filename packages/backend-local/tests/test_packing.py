@@ -62,6 +62,25 @@ def test_a_weight_is_repacked_exactly_when_it_changes():
     assert len(packer.entries[id(layer)]) == 2
 
 
+def test_the_base_weights_stay_packed_while_each_decode_phase_merges_a_new_adapter():
+    """Train (base), decode (merged k), train (base), decode (merged k+1)...: the base is packed once."""
+    layer = _linear(False, bias=False)
+    packer = packing.Packer()
+    base = layer.weight.data
+    packed_base = packer.packed(layer, layer.weight)
+    stacked_base = packer.stacked([layer, layer], [layer.weight, layer.weight])
+    for k in range(3):
+        layer.weight.data = base + (k + 1)  # this phase's merge: a new tensor
+        assert packer.packed(layer, layer.weight) is not packed_base
+        assert packer.stacked([layer, layer], [layer.weight, layer.weight]) is not stacked_base
+        layer.weight.data = base
+        assert packer.packed(layer, layer.weight) is packed_base
+        assert packer.stacked([layer, layer], [layer.weight, layer.weight]) is stacked_base
+    x = torch.randn(3, 48)
+    y = torch.ops.mkldnn._linear_pointwise(x, stacked_base, None, "none", [], "")
+    torch.testing.assert_close(y, torch.cat([x @ base.T, x @ base.T], dim=1), atol=1e-5, rtol=1e-5)
+
+
 def test_lora_training_on_packed_frozen_weights_gives_the_same_loss_and_gradients(model_folder):
     def build(pack: bool):
         model, _, _ = load_policy(str(model_folder))

@@ -109,14 +109,19 @@ class _Linear:
 def _linear(module: Any, packer: Packer | None) -> _Linear:
     """The module's effective weights right now, with any live LoRA adapter kept as factors."""
     base = _base_layer(module)
-    lora: list[tuple[torch.Tensor, torch.Tensor, float]] = []
-    if base is not module and not getattr(module, "disable_adapters", False) and not getattr(module, "merged", False):
-        for name in module.active_adapters:
-            if name in module.lora_A:
-                scale = float(module.scaling[name])
-                lora.append((module.lora_A[name].weight, module.lora_B[name].weight, scale))
     packed = packer.packed(base, base.weight) if packer is not None else None
-    return _Linear(base.weight, base.bias, lora, packed)
+    return _Linear(base.weight, base.bias, _lora_factors(module), packed)
+
+
+def _lora_factors(module: Any) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    """``(A, B, scale)`` of each live adapter of a (PEFT-wrapped) module; none when disabled or merged."""
+    if _base_layer(module) is module or getattr(module, "disable_adapters", False) or getattr(module, "merged", False):
+        return []
+    return [
+        (module.lora_A[name].weight, module.lora_B[name].weight, float(module.scaling[name]))
+        for name in module.active_adapters
+        if name in module.lora_A
+    ]
 
 
 def _base_layer(module: Any) -> Any:
@@ -141,8 +146,13 @@ def _projections(modules: tuple[Any, ...], packer: Packer | None) -> _Projection
     bases = tuple(_base_layer(m) for m in modules)
     stacked = packer.group(bases) if packer is not None else None
     if stacked is None:
-        return _Projections([_linear(m, packer) for m in modules])
-    if any(b is not m for b, m in zip(bases, modules)):  # a LoRA wrapper: the stacked weight cannot carry it
+        # weights as they are for a while (frozen, or LoRA merged for a decode phase): stacked once, kept;
+        # live LoRA factors run one matmul per projection, each adding its own
+        if packer is not None and not any(_lora_factors(m) for m in modules):
+            stacked = packer.stacked(bases, [b.weight for b in bases])
+        if stacked is None:
+            return _Projections([_linear(m, packer) for m in modules])
+    elif any(b is not m for b, m in zip(bases, modules)):  # a LoRA wrapper: the pinned weight cannot carry it
         raise RuntimeError("projections pinned as a group must be plain linear layers (merge the adapter first)")
     biases = [b.bias for b in bases]
     bias = None

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-_KEEP = 2  # packed versions per module: the base weights and, while decoding, the LoRA-merged ones
+_KEEP = 2  # packed versions per module: the base weights and, while decoding, the LoRA-merged ones (least recently used goes)
 
 
 @functools.cache
@@ -50,6 +50,8 @@ class Packer:
         self.pinned: dict[int, torch.Tensor] = {}  # owners whose plain weight is gone: this is their weight
         self.groups: dict[tuple[int, ...], torch.Tensor] = {}  # owners served as one matmul: their stacked weight
         self.grouped: dict[int, tuple[int, ...]] = {}  # owner -> the key of its group
+        # projections stacked for decoding while their weights stay as they are (a run's frozen or merged weights)
+        self.stacks: dict[tuple[int, ...], list[tuple[list[torch.Tensor], list[int], torch.Tensor]]] = {}
 
     def pin(self, owner: Any, packed: torch.Tensor) -> None:
         """Make ``packed`` the weight of ``owner`` whatever its ``weight`` attribute holds (a server drops those)."""
@@ -75,6 +77,27 @@ class Packer:
         """The stacked packed weight of exactly ``owners`` (in that order), if they were pinned as a group."""
         return self.groups.get(tuple(id(o) for o in owners))
 
+    def stacked(self, owners: Sequence[Any], weights: Sequence[torch.Tensor]) -> torch.Tensor | None:
+        """``weights`` (of ``owners``, one input) stacked along the output axis and packed, or ``None``.
+
+        Kept, like :meth:`packed`, until one of the weights changes (the base weights and,
+        while decoding, the LoRA-merged ones), so a run's decoder runs a layer's q, k and v
+        (gate and up) as one matmul without stacking them again each batch.
+        """
+        if not all(packable(w) and w.dtype == weights[0].dtype for w in weights):
+            return None
+        versions = self.stacks.setdefault(tuple(id(o) for o in owners), [])
+        now = [_version(w) for w in weights]
+        for k, (held, held_versions, packed) in enumerate(versions):
+            if held_versions == now and all(h.data_ptr() == w.data_ptr() for h, w in zip(held, weights)):
+                versions.append(versions.pop(k))
+                return packed
+        held = [w.detach() for w in weights]
+        packed = pack(torch.cat(held))
+        versions.append((held, now, packed))
+        del versions[:-_KEEP]
+        return packed
+
     def packed(self, owner: Any, weight: torch.Tensor) -> torch.Tensor | None:
         """``weight`` (of ``owner``) prepacked, or ``None`` where packing does not apply."""
         if id(owner) in self.grouped:
@@ -88,8 +111,9 @@ class Packer:
         if not packable(weight):
             return None
         versions = self.entries.setdefault(id(owner), [])
-        for held, version, packed in versions:
+        for k, (held, version, packed) in enumerate(versions):
             if held.data_ptr() == weight.data_ptr() and version == _version(weight):
+                versions.append(versions.pop(k))  # most recently used last: the next new version evicts the other
                 return packed
         held = weight.detach()
         packed = pack(held)
