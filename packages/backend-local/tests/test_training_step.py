@@ -1,6 +1,7 @@
 """One real update of SmolLM2-135M with LoRA, on CPU."""
 
 import contextlib
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -37,6 +38,47 @@ def perturbed_lora(model, seed):
             for n, p in lora.items():
                 p.copy_(saved[n])
         model.zero_grad(set_to_none=True)
+
+
+@dataclass
+class Pass:
+    """One loss + backward over a batch (cut into the trainer's micro-batches), and what it gave."""
+
+    micro_batches: int
+    loss: float
+    run_tokens: float
+    entropy_sum: float
+    logp: torch.Tensor  # masked to real completion tokens
+    entropy: torch.Tensor
+    grads: dict
+
+
+def _run_pass(model, lora, batch, **trainer_args):
+    trainer = Trainer(model, AlgorithmConfig(group_size=2), pad_id=2, peft=True, **trainer_args)
+    parts = trainer._split(batch)
+    model.zero_grad(set_to_none=True)
+    loss = run = entropy_sum = 0.0
+    for part in parts:
+        part_loss, stats = trainer._batch_loss(part, *trainer._totals(batch))
+        part_loss.backward()
+        loss += float(part_loss.detach())
+        run += stats["run_tokens"]
+        entropy_sum += stats["entropy"]
+    with torch.no_grad():
+        logp, entropy, cmask = trainer._forward_logprobs(model, batch)
+    grads = {n: p.grad.detach().clone() for n, p in lora.items()}
+    return Pass(len(parts), loss, run, entropy_sum, logp * cmask, entropy * cmask, grads)
+
+
+def _assert_same_pass(got, reference, lora):
+    """Logprobs 1e-4, entropies 1e-3, loss 1e-5, LoRA gradients 1e-5 + 1e-3 relative (float32 summation order)."""
+    torch.testing.assert_close(got.logp, reference.logp, atol=1e-4, rtol=0)
+    torch.testing.assert_close(got.entropy, reference.entropy, atol=1e-3, rtol=0)
+    assert abs(got.loss - reference.loss) <= 1e-5
+    assert abs(got.entropy_sum - reference.entropy_sum) <= 1e-3 * abs(reference.entropy_sum)
+    for n in lora:
+        torch.testing.assert_close(got.grads[n], reference.grads[n], atol=1e-5, rtol=1e-3)
+    assert any(bool(g.abs().sum() > 0) for n, g in reference.grads.items() if "lora_A" in n)
 
 
 def _samples(model, tokenizer):
@@ -148,28 +190,10 @@ def test_a_shared_prompt_prefix_runs_once_with_the_same_loss_and_lora_gradients(
     batch = [Sample(p, c, [-1.0] * len(c), a) for p, c, a in zip(prompts, completions, (1.0, -0.5, 0.25))]
     assert shared_prefix(batch) >= 30
     with perturbed_lora(model, 0) as lora:
-        results = []
-        for share in (True, False):
-            trainer = Trainer(
-                model,
-                AlgorithmConfig(group_size=2),
-                temperature=1.0,
-                pad_id=2,
-                peft=True,
-                share_prefix=share,
-                pack=False,
-            )
-            model.zero_grad(set_to_none=True)
-            loss, _ = trainer._batch_loss(batch, *trainer._totals(batch))
-            loss.backward()
-            logp = trainer._forward_logprobs(model, batch)[0].detach()
-            results.append((loss.detach(), logp, {n: p.grad.detach().clone() for n, p in lora.items()}))
-        (loss_s, logp_s, grads_s), (loss_p, logp_p, grads_p) = results
-        torch.testing.assert_close(logp_s, logp_p, atol=1e-4, rtol=0)
-        torch.testing.assert_close(loss_s, loss_p, atol=1e-5, rtol=0)
-        for n in lora:  # gradients are O(1e-2..1); float32 summation order differs between the two layouts
-            torch.testing.assert_close(grads_s[n], grads_p[n], atol=1e-5, rtol=1e-3)
-        assert any(bool(g.abs().sum() > 0) for n, g in grads_s.items() if "lora_A" in n)
+        shared, padded = (
+            _run_pass(model, lora, batch, temperature=1.0, share_prefix=x, pack=False) for x in (True, False)
+        )
+    _assert_same_pass(shared, padded, lora)
 
 
 def test_each_sample_is_scored_at_its_own_temperature(lora_policy):
@@ -230,41 +254,14 @@ def test_the_lm_head_on_completion_tokens_only_gives_the_full_logits_loss_and_gr
     ]
     monkeypatch.setattr(trainer_module, "LOGPROB_CHUNK_TOKENS", 8)  # several chunks for these 28 completion tokens
     with perturbed_lora(model, 1) as lora:
-        results = []
         # (own head, shared prefix, packed); the last: the model's own padded logits, no prefix sharing
-        for own_head, share, pack in (
-            (True, True, True),
-            (True, True, False),
-            (True, False, False),
-            (False, True, False),
-            (False, False, False),
-        ):
-            trainer = Trainer(
-                model,
-                AlgorithmConfig(group_size=2),
-                temperature=0.9,
-                pad_id=2,
-                peft=True,
-                share_prefix=share,
-                completion_head=own_head,
-                pack=pack,
-            )
-            model.zero_grad(set_to_none=True)
-            loss, stats = trainer._batch_loss(batch, *trainer._totals(batch))
-            loss.backward()
-            with torch.no_grad():
-                logp, entropy, cmask = trainer._forward_logprobs(model, batch)
-            grads = {n: p.grad.detach().clone() for n, p in lora.items()}
-            results.append((loss.detach(), logp * cmask, entropy * cmask, stats["entropy"], grads))
-        reference = results[-1]  # the model's own padded logits, no prefix sharing
-        for loss, logp, entropy, entropy_sum, grads in results[:-1]:
-            torch.testing.assert_close(logp, reference[1], atol=1e-4, rtol=0)
-            torch.testing.assert_close(entropy, reference[2], atol=1e-3, rtol=0)
-            torch.testing.assert_close(loss, reference[0], atol=1e-5, rtol=0)
-            assert abs(entropy_sum - reference[3]) <= 1e-3 * abs(reference[3])  # a sum of 28 entropies
-            for n in lora:  # float32 summation order differs between the layouts
-                torch.testing.assert_close(grads[n], reference[4][n], atol=1e-5, rtol=1e-3)
-        assert any(bool(g.abs().sum() > 0) for n, g in reference[4].items() if "lora_A" in n)
+        configs = ((True, True, True), (True, True, False), (True, False, False), (False, True, False))
+        results = [
+            _run_pass(model, lora, batch, temperature=0.9, completion_head=h, share_prefix=s, pack=p)
+            for h, s, p in (*configs, (False, False, False))
+        ]
+    for got in results[:-1]:
+        _assert_same_pass(got, results[-1], lora)
 
 
 def test_packed_micro_batches_give_the_padded_loss_and_lora_gradients(lora_policy):
@@ -284,35 +281,11 @@ def test_packed_micro_batches_give_the_padded_loss_and_lora_gradients(lora_polic
         for p, c, a, t in zip(prompts, completions, (1.0, -0.5, 0.25, -1.0, 0.5, 0.3, -0.2), (None,) * 6 + (0.7,))
     ]
     with perturbed_lora(model, 2) as lora:
-        results = []
-        for pack, budget in ((True, 1024), (True, 90), (False, 1024)):
-            trainer = Trainer(
-                model,
-                AlgorithmConfig(group_size=2),
-                temperature=0.9,
-                pad_id=2,
-                peft=True,
-                pack=pack,
-                micro_batch_tokens=budget,
-            )
-            parts = trainer._split(batch)
-            model.zero_grad(set_to_none=True)
-            loss, run = 0.0, 0.0
-            for part in parts:
-                part_loss, stats = trainer._batch_loss(part, *trainer._totals(batch))
-                part_loss.backward()
-                loss += float(part_loss.detach())
-                run += stats["run_tokens"]
-            with torch.no_grad():
-                logp, _, cmask = trainer._forward_logprobs(model, batch)
-            results.append((len(parts), loss, run, logp * cmask, {n: p.grad.detach().clone() for n, p in lora.items()}))
-        (one, *_), (several, *_) = results[0], results[1]
-        assert one == 1 and several > 1  # the small budget cut the batch into micro-batches
-        reference = results[-1]
-        for _, loss, run, logp, grads in results[:-1]:
-            assert run < 0.6 * reference[2]  # the prompts once per tree, no padding
-            torch.testing.assert_close(logp, reference[3], atol=1e-4, rtol=0)
-            assert abs(loss - reference[1]) <= 1e-5
-            for n in lora:  # float32 summation order differs between the layouts
-                torch.testing.assert_close(grads[n], reference[4][n], atol=1e-5, rtol=1e-3)
-        assert any(bool(g.abs().sum() > 0) for n, g in reference[4].items() if "lora_A" in n)
+        one, several, padded = (
+            _run_pass(model, lora, batch, temperature=0.9, pack=pack, micro_batch_tokens=budget)
+            for pack, budget in ((True, 1024), (True, 90), (False, 1024))
+        )
+    assert one.micro_batches == 1 and several.micro_batches > 1  # the small budget cut the batch
+    for got in (one, several):
+        assert got.run_tokens < 0.6 * padded.run_tokens  # the prompts once per tree, no padding
+        _assert_same_pass(got, padded, lora)
