@@ -235,6 +235,30 @@ def test_chunked_logprobs_equal_the_log_softmax_entries():
             torch.testing.assert_close(entropy, -(full.exp() * full).sum(-1), atol=1e-5, rtol=0)
 
 
+def test_a_frozen_head_gives_the_log_softmax_entries_and_their_gradient():
+    """The fused pass (one exp per logit, softmax kept for backward) against autograd through log_softmax."""
+    from reinforge_backend_local.trainer import completion_logprobs
+
+    torch.manual_seed(1)
+    head = torch.nn.Linear(16, 300, bias=False).requires_grad_(False)
+    base, targets = torch.randn(11, 16), torch.randint(0, 300, (11,))
+    weights = torch.randn(11)  # an arbitrary loss: sum of weighted logprobs
+    for t in (1.0, 0.7, torch.rand(11) + 0.5):
+        hidden = base.clone().requires_grad_(True)
+        full = torch.log_softmax(head(hidden) / (t.unsqueeze(1) if isinstance(t, torch.Tensor) else t), dim=-1)
+        expected = full.gather(-1, targets.unsqueeze(1)).squeeze(1)
+        (expected * weights).sum().backward()
+        expected_grad = hidden.grad.clone()
+        for chunk in (1, 4, 64):
+            hidden = base.clone().requires_grad_(True)
+            logp, entropy = completion_logprobs(head, hidden, targets, t, chunk)
+            assert not entropy.requires_grad
+            torch.testing.assert_close(logp, expected.detach(), atol=1e-6, rtol=0)
+            torch.testing.assert_close(entropy, -(full.exp() * full).sum(-1).detach(), atol=1e-5, rtol=0)
+            (logp * weights).sum().backward()
+            torch.testing.assert_close(hidden.grad, expected_grad, atol=1e-6, rtol=1e-5)
+
+
 def test_the_lm_head_on_completion_tokens_only_gives_the_full_logits_loss_and_gradients(lora_policy, monkeypatch):
     """The trainer's own LM head pass (real completion tokens, in chunks) against the model's padded logits."""
     from reinforge_backend_local import trainer as trainer_module

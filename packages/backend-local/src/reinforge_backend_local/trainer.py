@@ -165,17 +165,68 @@ def completion_logprobs(
 
     The vocabulary-wide work (logits, log-sum-exp, entropy) runs ``chunk`` tokens at a time, so
     no (tokens x vocabulary) log-softmax is ever stored; ``logit[target] - logsumexp`` equals the
-    log-softmax entry. ``temps``: one divisor, or one per token.
+    log-softmax entry. ``temps``: one divisor, or one per token. A frozen head (LoRA) runs in
+    :class:`_HeadLogprobs`, which exponentiates each logit once and keeps the softmax for backward.
     """
+    weight = getattr(head, "weight", None)
+    if isinstance(weight, torch.Tensor) and not weight.requires_grad and getattr(head, "bias", None) is None:
+        return _HeadLogprobs.apply(hidden, targets, temps, chunk, head)
     logps, entropies = [], []
     for a in range(0, hidden.shape[0], chunk):
-        logits = head(hidden[a : a + chunk]).float()
-        logits = logits / (temps[a : a + chunk].unsqueeze(1) if isinstance(temps, torch.Tensor) else temps)
+        logits = _scaled(head(hidden[a : a + chunk]).float(), temps, a, chunk)
         lse = torch.logsumexp(logits, dim=-1)
         logps.append(logits.gather(-1, targets[a : a + chunk].unsqueeze(1)).squeeze(1) - lse)
         with torch.no_grad():
             entropies.append(lse - (torch.softmax(logits, dim=-1) * logits).sum(-1))
     return torch.cat(logps), torch.cat(entropies)
+
+
+def _scaled(logits: torch.Tensor, temps: torch.Tensor | float, a: int, chunk: int) -> torch.Tensor:
+    """``logits`` (rows ``a:a+chunk``) divided by their temperatures; as they are at temperature 1."""
+    if isinstance(temps, torch.Tensor):
+        return logits / temps[a : a + chunk].unsqueeze(1)
+    return logits if temps == 1.0 else logits / temps
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """:func:`completion_logprobs` through a frozen head: the gradient reaches ``hidden`` only.
+
+    Forward: per chunk, the logits, one ``exp``, the softmax (kept), the target's log-softmax and the
+    entropy. Backward: ``d logp / d logits = onehot(target) - softmax``, through the temperature and
+    the head's weight. Autograd would exponentiate again in backward and keep the logits as well.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Any, targets: Any, temps: Any, chunk: int, head: Any) -> Any:
+        logps, entropies, probs = [], [], []
+        with torch.no_grad():
+            for a in range(0, hidden.shape[0], chunk):
+                logits = _scaled(head(hidden[a : a + chunk]).float(), temps, a, chunk)
+                top = logits.amax(-1, keepdim=True)
+                p = (logits - top).exp_()
+                total = p.sum(-1, keepdim=True)
+                lse = top + total.log()
+                p.div_(total)
+                logps.append((logits.gather(-1, targets[a : a + chunk].unsqueeze(1)) - lse).squeeze(1))
+                entropies.append(lse.squeeze(1) - torch.linalg.vecdot(p, logits))
+                probs.append(p)
+        ctx.save_for_backward(targets, *probs)
+        ctx.temps, ctx.chunk, ctx.weight, ctx.dtype = temps, chunk, head.weight, hidden.dtype
+        entropy = torch.cat(entropies)
+        ctx.mark_non_differentiable(entropy)
+        return torch.cat(logps), entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any, _grad_entropy: Any) -> Any:
+        targets, *probs = ctx.saved_tensors
+        parts = []
+        for k, p in enumerate(probs):
+            a = k * ctx.chunk
+            g = grad[a : a + p.shape[0]].unsqueeze(1)
+            d = (p * -g).scatter_add_(1, targets[a : a + p.shape[0]].unsqueeze(1), g)
+            d = _scaled(d, ctx.temps, a, ctx.chunk)
+            parts.append(d.to(ctx.dtype) @ ctx.weight)
+        return torch.cat(parts), None, None, None, None
 
 
 def _micro_batches(
