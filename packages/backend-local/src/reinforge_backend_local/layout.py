@@ -5,14 +5,15 @@ multi-turn episode share the conversation so far. Laid out as padded rows, every
 sample runs its whole prompt again and pads to the longest. Here the samples'
 input sequences (prompt, then completion without its last token: nothing is
 predicted from that one) are sorted, so that each shares its longest common
-prefix with the one before it; a row holds a prefix tree of consecutive samples
-(each token once, at its position in its sequences), and an attention mask keeps
-every token to the tokens of its own sequence before it. Logprobs, loss and
-gradients equal the padded computation: the gradients through a shared token add
-up, as they would over its copies.
+prefix with the one before it; consecutive sequences that share at least
+``MIN_SHARED`` tokens form a prefix tree (each token once, at its position in its
+sequences); trees are packed whole into rows, and an attention mask keeps every
+token to the tokens of its own sequence before it. Logprobs, loss and gradients
+equal the padded computation: the gradients through a shared token add up, as
+they would over its copies.
 
-Rows are kept narrow (``row_tokens``): attention over a row costs its width
-squared under a mask, most of which a wider row would mask out.
+Attention under a mask costs a row's width squared, most of it masked out, so
+unrelated trees share a row only to fill what would be padding (``row_tokens``).
 """
 
 from __future__ import annotations
@@ -69,27 +70,26 @@ class _Tree:
     spots: dict[int, list[int]]  # sample index -> the tree offset of each of its tokens
 
 
-def _trees(seqs: Sequence[Sequence[int]], cap: int, min_shared: int = MIN_SHARED) -> list[_Tree]:
+def _trees(seqs: Sequence[Sequence[int]], cap: int) -> list[_Tree]:
     """Prefix trees of the sequences, in token order.
 
-    A sequence joins the tree before it when it shares at least ``min_shared`` tokens
+    A sequence joins the tree before it when it shares at least ``MIN_SHARED`` tokens
     with the last sequence there (or is that sequence) and the tree stays within ``cap``
     tokens; otherwise it starts a tree, prefix and all.
     """
     trees: list[_Tree] = []
-    previous: Sequence[int] = ()
     last = -1
     for i in order(seqs):
         seq = seqs[i]
-        shared = _common(seq, previous)
-        if not trees or shared < min(min_shared, len(seq)) or len(trees[-1].tokens) + len(seq) - shared > cap:
+        shared = _common(seq, seqs[last]) if trees else 0
+        if not trees or shared < min(MIN_SHARED, len(seq)) or len(trees[-1].tokens) + len(seq) - shared > cap:
             trees.append(_Tree([], {}))
             shared = 0
         tree = trees[-1]
         before = tree.spots[last][:shared] if shared else []
         tree.spots[i] = before + list(range(len(tree.tokens), len(tree.tokens) + len(seq) - shared))
         tree.tokens.extend(seq[shared:])
-        previous, last = seq, i
+        last = i
     return trees
 
 

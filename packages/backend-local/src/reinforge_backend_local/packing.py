@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-_KEEP = 2  # packed versions per module: the base weights and, while decoding, the LoRA-merged ones (least recently used goes)
+_KEEP = 2  # packed versions per module: the base weights and, while decoding, the LoRA-merged ones
 
 
 @functools.cache
@@ -42,16 +42,38 @@ def _version(t: torch.Tensor) -> int:
     return -1 if t.is_inference() else t._version
 
 
+_Version = tuple[list[torch.Tensor], list[int], torch.Tensor]  # the weights held, their versions, the packed copy
+
+
+def _cached(versions: list[_Version], weights: Sequence[torch.Tensor], combine: Any) -> torch.Tensor:
+    """The packed ``combine(weights)`` from ``versions`` while the weights are unchanged, else packed anew.
+
+    The entry used last goes last, so a new version evicts the least recently used one
+    (the base weights survive each decode phase's merge). Holding the weights keeps their
+    addresses from being reused unnoticed.
+    """
+    now = [_version(w) for w in weights]
+    for k, (held, held_versions, packed) in enumerate(versions):
+        if held_versions == now and all(h.data_ptr() == w.data_ptr() for h, w in zip(held, weights)):
+            versions.append(versions.pop(k))
+            return packed
+    held = [w.detach() for w in weights]
+    packed = pack(combine(held))
+    versions.append((held, now, packed))
+    del versions[:-_KEEP]
+    return packed
+
+
 class Packer:
     """Packed copies of module weights, shared by everything that runs the model."""
 
     def __init__(self) -> None:
-        self.entries: dict[int, list[tuple[torch.Tensor, int, torch.Tensor]]] = {}
+        self.entries: dict[int, list[_Version]] = {}
         self.pinned: dict[int, torch.Tensor] = {}  # owners whose plain weight is gone: this is their weight
         self.groups: dict[tuple[int, ...], torch.Tensor] = {}  # owners served as one matmul: their stacked weight
         self.grouped: dict[int, tuple[int, ...]] = {}  # owner -> the key of its group
         # projections stacked for decoding while their weights stay as they are (a run's frozen or merged weights)
-        self.stacks: dict[tuple[int, ...], list[tuple[list[torch.Tensor], list[int], torch.Tensor]]] = {}
+        self.stacks: dict[tuple[int, ...], list[_Version]] = {}
 
     def pin(self, owner: Any, packed: torch.Tensor) -> None:
         """Make ``packed`` the weight of ``owner`` whatever its ``weight`` attribute holds (a server drops those)."""
@@ -86,17 +108,7 @@ class Packer:
         """
         if not all(packable(w) and w.dtype == weights[0].dtype for w in weights):
             return None
-        versions = self.stacks.setdefault(tuple(id(o) for o in owners), [])
-        now = [_version(w) for w in weights]
-        for k, (held, held_versions, packed) in enumerate(versions):
-            if held_versions == now and all(h.data_ptr() == w.data_ptr() for h, w in zip(held, weights)):
-                versions.append(versions.pop(k))
-                return packed
-        held = [w.detach() for w in weights]
-        packed = pack(torch.cat(held))
-        versions.append((held, now, packed))
-        del versions[:-_KEEP]
-        return packed
+        return _cached(self.stacks.setdefault(tuple(id(o) for o in owners), []), weights, torch.cat)
 
     def packed(self, owner: Any, weight: torch.Tensor) -> torch.Tensor | None:
         """``weight`` (of ``owner``) prepacked, or ``None`` where packing does not apply."""
@@ -110,16 +122,7 @@ class Packer:
             return pinned
         if not packable(weight):
             return None
-        versions = self.entries.setdefault(id(owner), [])
-        for k, (held, version, packed) in enumerate(versions):
-            if held.data_ptr() == weight.data_ptr() and version == _version(weight):
-                versions.append(versions.pop(k))  # most recently used last: the next new version evicts the other
-                return packed
-        held = weight.detach()
-        packed = pack(held)
-        versions.append((held, _version(held), packed))
-        del versions[:-_KEEP]
-        return packed
+        return _cached(self.entries.setdefault(id(owner), []), [weight], lambda held: held[0])
 
 
 def packable(weight: torch.Tensor) -> bool:

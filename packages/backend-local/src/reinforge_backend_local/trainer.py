@@ -181,6 +181,11 @@ def completion_logprobs(
     return torch.cat(logps), torch.cat(entropies)
 
 
+def _rows(values: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Per-token ``values`` (sample by sample) laid out in the left-padded ``(samples, completion)`` shape."""
+    return torch.zeros(real.shape, dtype=values.dtype, device=values.device).masked_scatter(real, values)
+
+
 def _scaled(logits: torch.Tensor, temps: torch.Tensor | float, a: int, chunk: int) -> torch.Tensor:
     """``logits`` (rows ``a:a+chunk``) divided by their temperatures; as they are at temperature 1."""
     if isinstance(temps, torch.Tensor):
@@ -340,9 +345,7 @@ class Trainer:
             if isinstance(temps, torch.Tensor):
                 temps = temps.view(-1, 1).expand(len(batch), comp)[real]
             lp, ent = completion_logprobs(head, hidden[real], ids[:, width - comp :][real], temps, LOGPROB_CHUNK_TOKENS)
-            logp = torch.zeros(cmask.shape, dtype=lp.dtype, device=dev).masked_scatter(real, lp)
-            entropy = torch.zeros(cmask.shape, dtype=ent.dtype, device=dev).masked_scatter(real, ent)
-            return logp, entropy, cmask
+            return _rows(lp, real), _rows(ent, real), cmask
         logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=comp + 1, **given).logits
         logits = logits[:, :-1, :].float() / self._temperatures(batch, logits.device)
         targets = ids[:, width - comp :]
@@ -377,9 +380,7 @@ class Trainer:
             cmask[i, comp - len(s.completion_ids) :] = 1
         cmask = cmask.to(dev)
         real = cmask.bool()  # row-major: sample by sample, each one's tokens in order, as ``predict``
-        logp = torch.zeros(cmask.shape, dtype=lp.dtype, device=dev).masked_scatter(real, lp)
-        entropy = torch.zeros(cmask.shape, dtype=ent.dtype, device=dev).masked_scatter(real, ent)
-        return logp, entropy, cmask
+        return _rows(lp, real), _rows(ent, real), cmask
 
     def _run_tokens(self, batch: list[Sample]) -> int:
         """Token positions the forward runs for ``batch``: a shared prefix once; padded rows count their padding."""
