@@ -97,6 +97,15 @@ def test_unknown_algorithm_and_backend_args_are_clear_errors(model_folder, data,
             backend="local",
             backend_args={"micro_bacth": 4},
         )
+    with pytest.raises(ConfigError, match=r"keep_free_mb: must be at least 0"):
+        tune(
+            workflow_func=workflow,
+            judge_func=judge,
+            train_dataset=DatasetConfig(path=data),
+            model=ModelConfig(model_path=str(model_folder)),
+            backend="local",
+            backend_args={"keep_free_mb": -1},
+        )
 
 
 RUN_YAML = """

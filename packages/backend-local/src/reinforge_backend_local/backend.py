@@ -36,6 +36,7 @@ class LocalSettings(Settings):
     fast_decode: bool = True  # the hand-written decoder for Llama-family models (else HF's forward)
     kv_cache_mb: float = 1024  # a decode batch whose KV cache would be larger runs in parts
     prepacked_weights: bool = True  # frozen weights in oneDNN's packed layout, for decode and training
+    keep_free_mb: float = 2048  # freed memory kept for reuse (memory.py); 0: back to the system at once
     threads: int | None = None  # torch threads (default: torch's)
     tensorboard: bool = True
     progress: bool = True
@@ -54,6 +55,8 @@ class LocalSettings(Settings):
         finite("window_s", self.window_s)
         at_least("kv_cache_mb", self.kv_cache_mb, 0.0, strict=True)
         finite("kv_cache_mb", self.kv_cache_mb)
+        at_least("keep_free_mb", self.keep_free_mb, 0.0)
+        finite("keep_free_mb", self.keep_free_mb)
         at_least("threads", self.threads, 1)
         at_least("max_minutes", self.max_minutes, 0.0, strict=True)
         finite("max_minutes", self.max_minutes)

@@ -32,7 +32,7 @@ from .algorithms import resolve
 from .compute import on_compute_thread
 from .endpoint import PolicyEndpoint
 from .engine import Engine, MicroBatcher
-from .memory import configure_malloc, release_free_memory
+from .memory import KEEP_FREE, configure_malloc, release_free_memory
 from .metrics_log import MetricsLog
 from .modeling import DEFAULT_MODEL, load_policy, resolve_device, resolve_dtype
 from .policy import ChatTemplate, PolicyChatModel
@@ -63,9 +63,10 @@ class Policy:
         kv_cache_mb: float = 1024,
         prepacked_weights: bool = True,
         device: str = "auto",
+        keep_free_mb: float = KEEP_FREE / 2**20,
     ) -> None:
         self.config = mc
-        configure_malloc()  # decode threads and the training thread share freed memory; big tensors go back on free
+        configure_malloc(int(keep_free_mb * 2**20))  # one arena; freed memory kept for reuse up to keep_free_mb
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(mc.dtype, self.device)
         self.peft = lora and not mc.full_finetune
@@ -276,6 +277,7 @@ class TrainingSession:
             kv_cache_mb=opts.kv_cache_mb,
             prepacked_weights=opts.prepacked_weights,
             device=opts.device,
+            keep_free_mb=opts.keep_free_mb,
         )
         self.trainer = trainer = on_compute_thread(
             Trainer,
