@@ -101,3 +101,62 @@ def test_a_group_larger_than_the_budget_runs_its_prefix_once_per_part_and_a_long
     assert [6] in parts  # 319 tokens: over the budget on its own
     # 41 + 28 + 28 = 97 <= 100 < 41 + 3 x 28: two samples per part
     assert sorted(len(part) for part in parts if 6 not in part) == [2, 2, 2]
+
+
+def _segment_case():
+    """A packed batch of two prefix trees and a lone sequence, in rows with padding."""
+    shared = list(range(1, 21))
+    prompts = [shared + [30, 31]] * 3 + [shared + [40]] + [[50, 51, 52]]
+    completions = [[60, 61, 62], [60, 63], [64, 65, 66, 67], [70, 71], [80, 81]]
+    return prompts, completions, layout.pack(prompts, completions, 0, row_tokens=40)
+
+
+def test_each_real_position_is_one_segments_query_and_back_inverts_queries():
+    _, _, packed = _segment_case()
+    seg = packed.segments
+    n = packed.ids.numel()
+    real = seg.queries[seg.queries < n]
+    assert sorted(real.tolist()) == sorted(set(real.tolist()))  # no position computed twice
+    assert len(real) == packed.tokens  # and every real token computed once
+    slots = seg.back[seg.back < seg.queries.numel()]
+    assert len(slots) == packed.tokens
+    assert torch.equal(seg.queries.reshape(-1)[slots], torch.nonzero(seg.back < seg.queries.numel()).squeeze(1))
+
+
+def test_segment_attention_equals_the_rows_dense_masked_attention_and_its_gradients():
+    import torch.nn.functional as F
+
+    from reinforge_backend_local.attention import _attention, segmented
+
+    _, _, packed = _segment_case()
+    rows, width = packed.ids.shape
+    real = (packed.mask.squeeze(1).diagonal(dim1=1, dim2=2) == 0).reshape(-1)  # every position sees itself
+    pad = packed.ids.reshape(-1) == 0
+    torch.manual_seed(0)
+    q = torch.randn(rows, 6, width, 8, requires_grad=True)
+    k = torch.randn(rows, 2, width, 8, requires_grad=True)
+    v = torch.randn(rows, 2, width, 8, requires_grad=True)
+    weights = torch.randn(rows, width, 6, 8)
+    dense = F.scaled_dot_product_attention(
+        q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=packed.mask, scale=0.3
+    ).transpose(1, 2)
+
+    class Config:
+        _attn_implementation = "sdpa"
+
+    class Model:
+        config = Config()
+
+    with segmented(Model(), packed.segments):
+        got, _ = _attention(None, q, k, v, packed.mask, scaling=0.3)
+    keep = (real & ~pad).view(rows, width)
+    torch.testing.assert_close(got[keep], dense[keep], atol=1e-5, rtol=1e-5)
+    grads = []
+    for out in (got, dense):
+        (out[keep] * weights[keep]).sum().backward()
+        grads.append([t.grad.clone() for t in (q, k, v)])
+        for t in (q, k, v):
+            t.grad = None
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert Model.config._attn_implementation == "sdpa"  # restored after the block

@@ -305,11 +305,11 @@ def test_packed_micro_batches_give_the_padded_loss_and_lora_gradients(lora_polic
         for p, c, a, t in zip(prompts, completions, (1.0, -0.5, 0.25, -1.0, 0.5, 0.3, -0.2), (None,) * 6 + (0.7,))
     ]
     with perturbed_lora(model, 2) as lora:
-        one, several, padded = (
-            _run_pass(model, lora, batch, temperature=0.9, pack=pack, micro_batch_tokens=budget)
-            for pack, budget in ((True, 1024), (True, 90), (False, 1024))
+        one, several, dense, padded = (
+            _run_pass(model, lora, batch, temperature=0.9, pack=pack, micro_batch_tokens=budget, segment_attention=seg)
+            for pack, budget, seg in ((True, 1024, True), (True, 90, True), (True, 1024, False), (False, 1024, True))
         )
     assert one.micro_batches == 1 and several.micro_batches > 1  # the small budget cut the batch
-    for got in (one, several):
+    for got in (one, several, dense):  # packed rows attending segment by segment, and under the rows' dense mask
         assert got.run_tokens < 0.6 * padded.run_tokens  # the prompts once per tree, no padding
         _assert_same_pass(got, padded, lora)

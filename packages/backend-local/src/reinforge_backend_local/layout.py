@@ -44,6 +44,56 @@ class Packed:
     predict: torch.Tensor  # (completion tokens,)
     targets: torch.Tensor  # (completion tokens,)
     tokens: int  # real (non-pad) tokens laid out
+    segments: Segments  # the same attention, sequence by sequence (:mod:`.attention`)
+
+
+@dataclass
+class Segments:
+    """The attention of a packed micro-batch as one small causal attention per sequence.
+
+    A tree token's attention depends on its own path only, so each token is computed once, in
+    the first sequence that holds it (its *segment*: a suffix of that sequence). Segment ``s``'s
+    queries are the flat positions ``queries[s, :n]``; its keys are its whole sequence,
+    ``keys[s]``; ``mask`` lets the query at depth ``v`` see depths ``0..v``. ``back[p]`` is where
+    the output of flat position ``p`` is in the (segments x longest segment) queries. Padded
+    entries point one past the end (a zero row); padded query slots see key 0 (no empty softmax)
+    and nothing reads them. Each real flat position is one query slot: ``back`` inverts ``queries``.
+    """
+
+    queries: torch.Tensor  # (segments, longest segment) flat positions, rows * width where padded
+    keys: torch.Tensor  # (segments, longest sequence) flat positions, rows * width where padded
+    mask: torch.Tensor  # (segments, 1, longest segment, longest sequence) additive
+    back: torch.Tensor  # (rows * width,)
+
+    def to(self, device: torch.device | str) -> Segments:
+        return Segments(*(t.to(device) for t in (self.queries, self.keys, self.mask, self.back)))
+
+
+def segments(flat_spots: Sequence[Sequence[int]], positions: int, dtype: torch.dtype) -> Segments:
+    """:class:`Segments` of sequences laid out at ``flat_spots`` (each sequence's flat positions, in order)."""
+    owned: set[int] = set()
+    segs: list[tuple[int, list[int]]] = []  # (depth of the first query, the sequence's positions)
+    for sp in flat_spots:
+        start = sum(1 for p in sp if p in owned)  # earlier sequences hold a prefix of this one's path
+        if start < len(sp):
+            segs.append((start, list(sp)))
+            owned.update(sp[start:])
+    width_q = max(len(sp) - start for start, sp in segs)
+    width_k = max(len(sp) for _, sp in segs)
+    queries = torch.full((len(segs), width_q), positions, dtype=torch.long)
+    keys = torch.full((len(segs), width_k), positions, dtype=torch.long)
+    allowed = torch.zeros((len(segs), width_q, width_k), dtype=torch.bool)
+    allowed[:, :, 0] = True
+    back = torch.full((positions,), len(segs) * width_q, dtype=torch.long)
+    for s, (start, sp) in enumerate(segs):
+        n = len(sp) - start
+        queries[s, :n] = torch.tensor(sp[start:])
+        keys[s, : len(sp)] = torch.tensor(sp)
+        depth = torch.arange(start, len(sp)).unsqueeze(1)
+        allowed[s, :n, : len(sp)] = torch.arange(len(sp)).unsqueeze(0) <= depth
+        back[queries[s, :n]] = s * width_q + torch.arange(n)
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return Segments(queries, keys, mask.unsqueeze(1), back)
 
 
 def inputs(prompt: Sequence[int], completion: Sequence[int]) -> list[int]:
@@ -188,4 +238,5 @@ def pack(
         predict=torch.tensor(predict, dtype=torch.long),
         targets=torch.tensor([t for c in completions for t in c], dtype=torch.long),
         tokens=sum(len(r) for r in rows),
+        segments=segments(flat_spots, n_rows * width, dtype),
     )

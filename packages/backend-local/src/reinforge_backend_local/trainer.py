@@ -11,6 +11,7 @@ LoRA is the same network with the adapter switched off.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
@@ -23,7 +24,7 @@ import torch
 
 from reinforge.plugin import BatchResult
 
-from . import layout
+from . import attention, layout
 from .algorithms import LossSettings, advantages, call_advantages, resolve, zero_variance
 from .memory import release_free_memory
 
@@ -283,6 +284,7 @@ class Trainer:
         share_prefix: bool = True,
         completion_head: bool = True,
         pack: bool = True,
+        segment_attention: bool = True,
     ) -> None:
         self.model = model
         self.algo = algo
@@ -297,6 +299,8 @@ class Trainer:
         self.completion_head = completion_head
         # padding-free micro-batches: each group's prompt once, samples packed into rows (needs the plain head)
         self.pack = pack and completion_head and _plain_head(model) is not None
+        # packed rows attend sequence by sequence, not row by row under a mask (.attention)
+        self.segment_attention = segment_attention
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("no trainable parameters")
@@ -362,12 +366,15 @@ class Trainer:
         inner, head = parts
         dtype = next(model.parameters()).dtype
         packed = layout.pack([s.prompt_ids for s in batch], [s.completion_ids for s in batch], self.pad_id, dtype)
-        out = inner(
-            input_ids=packed.ids.to(dev),
-            attention_mask=packed.mask.to(dev),
-            position_ids=packed.positions.to(dev),
-            use_cache=False,
-        )
+        segments = packed.segments.to(dev)
+        by_segment = self.segment_attention and attention.applies(inner, segments)
+        with attention.segmented(inner, segments) if by_segment else contextlib.nullcontext():
+            out = inner(
+                input_ids=packed.ids.to(dev),
+                attention_mask=packed.mask.to(dev),
+                position_ids=packed.positions.to(dev),
+                use_cache=False,
+            )
         hidden = out.last_hidden_state.reshape(-1, out.last_hidden_state.shape[-1])[packed.predict.to(dev)]
         temps = self._temperatures(batch, dev)
         if isinstance(temps, torch.Tensor):
