@@ -59,7 +59,7 @@ def correct(text: str, answer: str) -> float:
 # -- children ------------------------------------------------------------------------------------
 
 
-def child_trl(steps: int, seed: int, gradient_checkpointing: bool) -> dict:
+def child_trl(steps: int, seed: int, gradient_checkpointing: bool, bf16: bool = False) -> dict:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -104,7 +104,7 @@ def child_trl(steps: int, seed: int, gradient_checkpointing: bool) -> dict:
             logging_steps=1,
             report_to="none",
             use_cpu=True,
-            bf16=False,
+            bf16=bf16,
             save_strategy="no",
             seed=seed,
             gradient_checkpointing=gradient_checkpointing,
@@ -126,7 +126,7 @@ def child_trl(steps: int, seed: int, gradient_checkpointing: bool) -> dict:
     return {"step_seconds": times, "rewards": rewards, "peak_rss_mb": peak_rss_mb()}
 
 
-def child_reinforge(steps: int, seed: int) -> dict:
+def child_reinforge(steps: int, seed: int, bf16: bool = False) -> dict:
     from reinforge import JudgeOutput, WorkflowOutput, hookimpl, tune
     from reinforge.config import AlgorithmConfig, DatasetConfig, ModelConfig
     from reinforge.plugins import get_plugin_manager
@@ -174,7 +174,14 @@ def child_reinforge(steps: int, seed: int) -> dict:
                 seed=seed,
             ),
             backend="local",
-            backend_args={"output_dir": out, "progress": False, "tensorboard": False, "report": False, "threads": 2},
+            backend_args={
+                "output_dir": out,
+                "progress": False,
+                "tensorboard": False,
+                "report": False,
+                "threads": 2,
+                "matmul_dtype": "bfloat16" if bf16 else "float32",
+            },
             plugin_manager=pm,
         )
     keys = [
@@ -234,23 +241,29 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="both in bfloat16 where they offer it: TRL's bf16=True (CPU autocast), reinforge's matmul_dtype: bfloat16",
+    )
+    parser.add_argument(
         "--trl-gradient-checkpointing",
         action="store_true",
         help="TRL's default; off by default here because it only slows TRL on this small model",
     )
     args = parser.parse_args()
     if args.child == "trl":
-        print(json.dumps(child_trl(args.steps, args.seed, args.trl_gradient_checkpointing)))
+        print(json.dumps(child_trl(args.steps, args.seed, args.trl_gradient_checkpointing, args.bf16)))
         return
     if args.child == "reinforge":
-        print(json.dumps(child_reinforge(args.steps, args.seed)))
+        print(json.dumps(child_reinforge(args.steps, args.seed, args.bf16)))
         return
 
     extra = ["--trl-gradient-checkpointing"] if args.trl_gradient_checkpointing else []
+    both = ["--bf16"] if args.bf16 else []
     runs: dict[str, list[dict]] = {"trl": [], "reinforge": []}
     for r in range(args.rounds):
         for kind in ("trl", "reinforge"):
-            res = run_child(kind, args.steps, args.seed + r, extra if kind == "trl" else [])
+            res = run_child(kind, args.steps, args.seed + r, (extra if kind == "trl" else []) + both)
             runs[kind].append(res)
             timed = res["step_seconds"][1:]
             print(
@@ -286,6 +299,7 @@ def main() -> None:
             "max_new_tokens": 32,
             "lora_rank": 16,
             "trl_gradient_checkpointing": bool(extra),
+            "bf16": args.bf16,
         },
         "trl_median_step_s": round(med["trl"], 3),
         "reinforge_median_step_s": round(step_s, 3),

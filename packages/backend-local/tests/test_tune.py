@@ -97,6 +97,19 @@ def test_unknown_algorithm_and_backend_args_are_clear_errors(model_folder, data,
             backend="local",
             backend_args={"micro_bacth": 4},
         )
+    for args, message in (
+        ({"matmul_dtype": "bf16"}, r"matmul_dtype: must be one of float32, bfloat16; got 'bf16'"),
+        ({"matmul_dtype": "bfloat16", "prepacked_weights": False}, r"matmul_dtype: bfloat16 runs on the prepacked"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            tune(
+                workflow_func=workflow,
+                judge_func=judge,
+                train_dataset=DatasetConfig(path=data),
+                model=ModelConfig(model_path=str(model_folder)),
+                backend="local",
+                backend_args=args,
+            )
     with pytest.raises(ConfigError, match=r"keep_free_mb: must be at least 0"):
         tune(
             workflow_func=workflow,

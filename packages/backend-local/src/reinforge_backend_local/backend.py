@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from reinforge.plugin import Backend, FieldError, Settings, at_least, finite
+from reinforge.plugin import Backend, FieldError, Settings, at_least, finite, one_of
 
 from .algorithms import ALGORITHM_ALIASES, ALGORITHMS
 from .modeling import device_problem
@@ -37,6 +37,7 @@ class LocalSettings(Settings):
     kv_cache_mb: float = 1024  # a decode batch whose KV cache would be larger runs in parts
     prepacked_weights: bool = True  # frozen weights in oneDNN's packed layout, for decode and training
     keep_free_mb: float = 2048  # freed memory kept for reuse (memory.py); 0: back to the system at once
+    matmul_dtype: str = "float32"  # bfloat16: the frozen (and merged) weights' matmuls in bf16, sampler corrected
     threads: int | None = None  # torch threads (default: torch's)
     tensorboard: bool = True
     progress: bool = True
@@ -55,6 +56,9 @@ class LocalSettings(Settings):
         finite("window_s", self.window_s)
         at_least("kv_cache_mb", self.kv_cache_mb, 0.0, strict=True)
         finite("kv_cache_mb", self.kv_cache_mb)
+        one_of("matmul_dtype", self.matmul_dtype, ("float32", "bfloat16"))
+        if self.matmul_dtype == "bfloat16" and not self.prepacked_weights:
+            raise FieldError("matmul_dtype", "bfloat16 runs on the prepacked weights: set prepacked_weights: true")
         at_least("keep_free_mb", self.keep_free_mb, 0.0)
         finite("keep_free_mb", self.keep_free_mb)
         at_least("threads", self.threads, 1)

@@ -45,7 +45,9 @@ def _version(t: torch.Tensor) -> int:
 _Version = tuple[list[torch.Tensor], list[int], torch.Tensor]  # the weights held, their versions, the packed copy
 
 
-def _cached(versions: list[_Version], weights: Sequence[torch.Tensor], combine: Any) -> torch.Tensor:
+def _cached(
+    versions: list[_Version], weights: Sequence[torch.Tensor], combine: Any, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """The packed ``combine(weights)`` from ``versions`` while the weights are unchanged, else packed anew.
 
     The entry used last goes last, so a new version evicts the least recently used one
@@ -58,7 +60,8 @@ def _cached(versions: list[_Version], weights: Sequence[torch.Tensor], combine: 
             versions.append(versions.pop(k))
             return packed
     held = [w.detach() for w in weights]
-    packed = pack(combine(held))
+    combined = combine(held)
+    packed = pack(combined if dtype is None else combined.to(dtype))
     versions.append((held, now, packed))
     del versions[:-_KEEP]
     return packed
@@ -67,7 +70,9 @@ def _cached(versions: list[_Version], weights: Sequence[torch.Tensor], combine: 
 class Packer:
     """Packed copies of module weights, shared by everything that runs the model."""
 
-    def __init__(self) -> None:
+    def __init__(self, compute_dtype: torch.dtype | None = None) -> None:
+        # packed copies in this dtype (bfloat16: the matmuls' products in it, their sums in float32), else the weights'
+        self.compute_dtype = compute_dtype
         self.entries: dict[int, list[_Version]] = {}
         self.pinned: dict[int, torch.Tensor] = {}  # owners whose plain weight is gone: this is their weight
         self.groups: dict[tuple[int, ...], torch.Tensor] = {}  # owners served as one matmul: their stacked weight
@@ -108,7 +113,7 @@ class Packer:
         """
         if not all(packable(w) and w.dtype == weights[0].dtype for w in weights):
             return None
-        return _cached(self.stacks.setdefault(tuple(id(o) for o in owners), []), weights, torch.cat)
+        return _cached(self.stacks.setdefault(tuple(id(o) for o in owners), []), weights, torch.cat, self.compute_dtype)
 
     def packed(self, owner: Any, weight: torch.Tensor) -> torch.Tensor | None:
         """``weight`` (of ``owner``) prepacked, or ``None`` where packing does not apply."""
@@ -122,7 +127,7 @@ class Packer:
             return pinned
         if not packable(weight):
             return None
-        return _cached(self.entries.setdefault(id(owner), []), [weight], lambda held: held[0])
+        return _cached(self.entries.setdefault(id(owner), []), [weight], lambda held: held[0], self.compute_dtype)
 
 
 def packable(weight: torch.Tensor) -> bool:
@@ -136,7 +141,12 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x Wᵀ + b`` for a weight packed by :class:`Packer`."""
+    """``x Wᵀ + b`` for a weight packed by :class:`Packer`; in the packed copy's dtype, returned in ``x``'s."""
+    if packed.dtype != x.dtype:  # Packer(compute_dtype): x rounded to it, the result back to x's dtype
+        low = None if bias is None else bias.to(packed.dtype)
+        return torch.ops.mkldnn._linear_pointwise(x.to(packed.dtype).contiguous(), packed, low, "none", [], "").to(
+            x.dtype
+        )
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
 
 

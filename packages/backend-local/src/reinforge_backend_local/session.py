@@ -36,7 +36,7 @@ from .memory import KEEP_FREE, configure_malloc, release_free_memory
 from .metrics_log import MetricsLog
 from .modeling import DEFAULT_MODEL, load_policy, resolve_device, resolve_dtype
 from .policy import ChatTemplate, PolicyChatModel
-from .trainer import Trainer, build_samples
+from .trainer import SAMPLER_WEIGHT_CAP, Trainer, build_samples
 from .weights import attach_lora, merged_for_decode
 
 if TYPE_CHECKING:
@@ -64,6 +64,7 @@ class Policy:
         prepacked_weights: bool = True,
         device: str = "auto",
         keep_free_mb: float = KEEP_FREE / 2**20,
+        matmul_dtype: str = "float32",
     ) -> None:
         self.config = mc
         configure_malloc(int(keep_free_mb * 2**20))  # one arena; freed memory kept for reuse up to keep_free_mb
@@ -72,6 +73,7 @@ class Policy:
         self.peft = lora and not mc.full_finetune
         self.name = mc.model_path or DEFAULT_MODEL
         # loaded, wrapped and packed on the thread that will decode and train with it (.compute)
+        self.matmul_dtype = matmul_dtype
         model, tokenizer, self.folder, packer = on_compute_thread(self._load, mc, lora, prepacked_weights)
         self.model = model
         self.tokenizer = tokenizer
@@ -96,7 +98,9 @@ class Policy:
             model.requires_grad_(True)
         # oneDNN packing is a CPU layout; on a GPU every layer stays on F.linear
         on_cpu = self.device.type == "cpu"
-        packer = packing.Packer() if prepacked_weights and on_cpu and packing.available() else None
+        packer = None
+        if prepacked_weights and on_cpu and packing.available():
+            packer = packing.Packer(torch.bfloat16 if self.matmul_dtype == "bfloat16" else None)
         if packer is not None:
             packing.install(model, packer)  # frozen layers train on the packed weights too
         return model, tokenizer, folder, packer
@@ -278,6 +282,7 @@ class TrainingSession:
             prepacked_weights=opts.prepacked_weights,
             device=opts.device,
             keep_free_mb=opts.keep_free_mb,
+            matmul_dtype=opts.matmul_dtype,
         )
         self.trainer = trainer = on_compute_thread(
             Trainer,
@@ -291,6 +296,7 @@ class TrainingSession:
             micro_batch_tokens=opts.micro_batch_tokens,
             peft=policy.peft,
             pack=opts.packed_batches,
+            sampler_correction=SAMPLER_WEIGHT_CAP if opts.matmul_dtype != "float32" else None,
         )
         if not policy.peft and self.loss.kl_coef > 0:
             import copy

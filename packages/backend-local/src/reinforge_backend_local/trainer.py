@@ -117,6 +117,8 @@ def _reward(t: Any) -> float:
     return float(t.reward)
 
 
+SAMPLER_WEIGHT_CAP = 2.0  # truncated importance sampling: a token's sampler-correction weight is at most this
+
 MIN_SHARED_TRAIN_PREFIX = 32  # shorter shared prefixes are not worth a forward of their own
 
 
@@ -285,6 +287,7 @@ class Trainer:
         completion_head: bool = True,
         pack: bool = True,
         segment_attention: bool = True,
+        sampler_correction: float | None = None,
     ) -> None:
         self.model = model
         self.algo = algo
@@ -301,6 +304,11 @@ class Trainer:
         self.pack = pack and completion_head and _plain_head(model) is not None
         # packed rows attend sequence by sequence, not row by row under a mask (.attention)
         self.segment_attention = segment_attention
+        # The sampler's numbers differ from the trainer's (bf16 matmuls, other kernels): the PPO ratio is then taken
+        # against the trainer's own logprobs at the step's start, and each token's loss weighted by
+        # min(p_trainer / p_sampler, cap) (truncated importance sampling); None: against the sampler's logprobs.
+        self.sampler_correction = sampler_correction
+        self._anchors: dict[tuple[int, ...], torch.Tensor] = {}  # micro-batch -> the trainer's logprobs at step start
         params = [p for p in model.parameters() if p.requires_grad]
         if not params:
             raise ValueError("no trainable parameters")
@@ -427,6 +435,11 @@ class Trainer:
         for i, s in enumerate(batch):
             old[i, comp - len(s.old_logprobs) :] = torch.tensor(s.old_logprobs)
         old = old.to(dev)
+        sampler_weight = None
+        if self.sampler_correction is not None:
+            anchor = self._anchors.setdefault(tuple(id(s) for s in batch), logp.detach())
+            sampler_weight = torch.exp((anchor - old) * cmask).clamp_(max=self.sampler_correction)
+            old = anchor
         adv = torch.tensor([s.advantage for s in batch], device=dev).unsqueeze(1)
         weight = torch.tensor([s.weight for s in batch], device=dev).unsqueeze(1)
         log_ratio = (logp - old) * cmask
@@ -437,6 +450,8 @@ class Trainer:
         else:
             ratio = torch.exp(log_ratio)
         per_token = -torch.min(ratio * adv, torch.clamp(ratio, 1 - low, 1 + high) * adv)
+        if sampler_weight is not None:
+            per_token = per_token * sampler_weight
         stats = {
             "tokens": float(cmask.sum()),
             "seq_tokens": float(sum(len(s.prompt_ids) + len(s.completion_ids) for s in batch)),
@@ -448,6 +463,8 @@ class Trainer:
             kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
             per_token = per_token + opts.kl_coef * kl
             stats["kl"] = float((kl.detach() * cmask).sum())
+        if sampler_weight is not None:
+            stats["sampler_weight"] = float((sampler_weight * cmask).sum())
         if opts.loss_agg_mode == "sequence-mean":
             per_seq = (per_token * cmask).sum(1) / cmask.sum(1).clamp(min=1)
             loss = (per_seq * weight.squeeze(1)).sum() / total_w_seqs
@@ -476,6 +493,7 @@ class Trainer:
     def loss(self, samples: Samples) -> float:
         """The loss of a batch under the current weights, without updating them."""
         totals = self._totals(samples.items)
+        self._anchors.clear()
         with torch.no_grad():
             return sum(float(self._batch_loss(b, *totals)[0]) for b in self._split(samples.items))
 
@@ -497,7 +515,9 @@ class Trainer:
             "tokens": 0.0,
             "seq_tokens": 0.0,
             "run_tokens": 0.0,
+            "sampler_weight": 0.0,
         }
+        self._anchors.clear()
         grad_norm = 0.0
         timings = {"time/forward_backward": 0.0, "time/reference": 0.0, "time/optimizer": 0.0}
         try:
@@ -510,7 +530,16 @@ class Trainer:
                     timings["time/forward_backward"] += time.perf_counter() - tf - stats["reference_s"]
                     timings["time/reference"] += stats["reference_s"]
                     sums["loss"] += float(loss.detach()) / epochs
-                    for key in ("kl", "entropy", "clip_frac", "ratio", "tokens", "seq_tokens", "run_tokens"):
+                    for key in (
+                        "kl",
+                        "entropy",
+                        "clip_frac",
+                        "ratio",
+                        "tokens",
+                        "seq_tokens",
+                        "run_tokens",
+                        "sampler_weight",
+                    ):
                         sums[key] += stats.get(key, 0.0) / epochs
                     del loss
                     release_free_memory()  # the micro-batch's activations: the next one starts from live memory
@@ -535,6 +564,9 @@ class Trainer:
             "train/tokens": sums["tokens"],
             "train/seq_tokens": sums["seq_tokens"],
             "train/run_tokens": sums["run_tokens"],
+            **(
+                {"train/sampler_weight": sums["sampler_weight"] / tokens} if self.sampler_correction is not None else {}
+            ),
             **timings,
             "time/train": time.perf_counter() - t0,
         }
