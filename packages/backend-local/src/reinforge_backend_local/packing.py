@@ -46,25 +46,31 @@ _Version = tuple[list[torch.Tensor], list[int], torch.Tensor]  # the weights hel
 
 
 def _cached(
-    versions: list[_Version], weights: Sequence[torch.Tensor], combine: Any, dtype: torch.dtype | None = None
+    versions: list[_Version],
+    weights: Sequence[torch.Tensor],
+    combine: Any,
+    dtype: torch.dtype | None = None,
+    packed: bool = True,
 ) -> torch.Tensor:
-    """The packed ``combine(weights)`` from ``versions`` while the weights are unchanged, else packed anew.
+    """The packed ``combine(weights)`` (in ``dtype``; not packed unless ``packed``) from ``versions``
+    while the weights are unchanged, else made anew.
 
     The entry used last goes last, so a new version evicts the least recently used one
     (the base weights survive each decode phase's merge). Holding the weights keeps their
     addresses from being reused unnoticed.
     """
     now = [_version(w) for w in weights]
-    for k, (held, held_versions, packed) in enumerate(versions):
+    for k, (held, held_versions, copy) in enumerate(versions):
         if held_versions == now and all(h.data_ptr() == w.data_ptr() for h, w in zip(held, weights)):
             versions.append(versions.pop(k))
-            return packed
+            return copy
     held = [w.detach() for w in weights]
     combined = combine(held)
-    packed = pack(combined if dtype is None else combined.to(dtype))
-    versions.append((held, now, packed))
+    combined = combined if dtype is None else combined.to(dtype)
+    copy = pack(combined) if packed else combined
+    versions.append((held, now, copy))
     del versions[:-_KEEP]
-    return packed
+    return copy
 
 
 class Packer:
@@ -79,6 +85,7 @@ class Packer:
         self.grouped: dict[int, tuple[int, ...]] = {}  # owner -> the key of its group
         # projections stacked for decoding while their weights stay as they are (a run's frozen or merged weights)
         self.stacks: dict[tuple[int, ...], list[_Version]] = {}
+        self.lows: dict[int, list[_Version]] = {}  # plain compute_dtype copies, for the input gradient in training
 
     def pin(self, owner: Any, packed: torch.Tensor) -> None:
         """Make ``packed`` the weight of ``owner`` whatever its ``weight`` attribute holds (a server drops those)."""
@@ -129,6 +136,12 @@ class Packer:
             return None
         return _cached(self.entries.setdefault(id(owner), []), [weight], lambda held: held[0], self.compute_dtype)
 
+    def low(self, owner: Any, weight: torch.Tensor) -> torch.Tensor | None:
+        """``weight`` (of ``owner``) as a plain ``compute_dtype`` copy, kept like :meth:`packed`; ``None`` without one."""
+        if self.compute_dtype is None or weight.dtype == self.compute_dtype:
+            return None
+        return _cached(self.lows.setdefault(id(owner), []), [weight], lambda held: held[0], self.compute_dtype, False)
+
 
 def packable(weight: torch.Tensor) -> bool:
     """Whether ``weight`` can run prepacked here (a float32 or bfloat16 CPU tensor, oneDNN available)."""
@@ -151,17 +164,26 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
 
 
 class _FrozenLinear(torch.autograd.Function):
-    """``y = x Wᵀ + b`` with a prepacked W that gets no gradient; only ``x`` does."""
+    """``y = x Wᵀ + b`` with a prepacked W that gets no gradient; only ``x`` does.
+
+    Given ``low`` (W in the packer's compute dtype), the input gradient multiplies in it too.
+    """
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Any, packed: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(weight)
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Any, packed: torch.Tensor, low: torch.Tensor | None
+    ) -> torch.Tensor:
+        ctx.save_for_backward(weight if low is None else low)
         return packed_linear(x, packed, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         (weight,) = ctx.saved_tensors
-        return (grad @ weight if ctx.needs_input_grad[0] else None), None, None, None
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None
+        if weight.dtype != grad.dtype:
+            return (grad.to(weight.dtype) @ weight).to(grad.dtype), None, None, None, None
+        return grad @ weight, None, None, None, None
 
 
 def install(model: Any, packer: Packer) -> int:
@@ -182,7 +204,8 @@ def install(model: Any, packer: Packer) -> int:
 def _forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     w, b = self.weight, self.bias
     if not w.requires_grad and (b is None or not b.requires_grad) and x.dtype == w.dtype:
-        packed = self._reinforge_packer.packed(self, w)
+        packer = self._reinforge_packer
+        packed = packer.packed(self, w)
         if packed is not None:
-            return _FrozenLinear.apply(x, w, b, packed)
+            return _FrozenLinear.apply(x, w, b, packed, packer.low(self, w))
     return F.linear(x, w, b)
