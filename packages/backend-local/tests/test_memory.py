@@ -9,6 +9,15 @@ from reinforge_backend_local.memory import fix_mmap_threshold, keep_heap_top, li
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and malloc_trim")
 
 
+def _run_untuned(monkeypatch, script):
+    """``script``'s printed words, run in a fresh interpreter without the user's malloc variables."""
+    for name in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
+        monkeypatch.delenv(name, raising=False)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, check=True
+    ).stdout.split()
+
+
 def test_a_users_malloc_arena_max_wins(monkeypatch):
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limit_malloc_arenas() is False
@@ -51,11 +60,7 @@ print(released, held - rss_mb())
 
 @glibc
 def test_release_free_memory_returns_freed_heap_pages_below_a_live_block(monkeypatch):
-    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_HEAP_IN_THE_MIDDLE)], capture_output=True, text=True, check=True
-    ).stdout.split()
+    out = _run_untuned(monkeypatch, _HEAP_IN_THE_MIDDLE)
     assert out[0] == "True"
     assert float(out[1]) > 150, f"only {out[1]} MB of the 200 MB freed went back"
 
@@ -88,11 +93,7 @@ print(first, second, kept, free, gone, free_heap_bytes())
 
 @glibc
 def test_freed_blocks_are_reused_without_new_page_faults_until_released(monkeypatch):
-    for name in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
-        monkeypatch.delenv(name, raising=False)
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_REUSE)], capture_output=True, text=True, check=True
-    ).stdout.split()
+    out = _run_untuned(monkeypatch, _REUSE)
     first, second = int(out[0]), int(out[1])
     assert first > 40_000, f"200 MB touched with only {first} page faults"  # 51,200 pages of 4 KiB
     assert second < first // 10, f"the second round faulted {second} times (first {first}): the pages went back"
@@ -117,10 +118,6 @@ print(touch_and_free(), touch_and_free())
 
 @glibc
 def test_keeping_nothing_returns_each_large_block_as_it_is_freed(monkeypatch):
-    for name in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"):
-        monkeypatch.delenv(name, raising=False)
-    out = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_TIGHT)], capture_output=True, text=True, check=True
-    ).stdout.split()
+    out = _run_untuned(monkeypatch, _TIGHT)
     first, second = int(out[0]), int(out[1])
     assert second > first // 2, f"the second round faulted {second} times (first {first}): the blocks were kept"

@@ -78,46 +78,34 @@ def test_resume_after_a_stop_between_steps_reproduces_the_next_step_exactly(mode
     assert json.loads(Path(run_dir, "config.json").read_text())["algorithm"]["group_size"] == 2
 
 
-def test_unknown_algorithm_and_backend_args_are_clear_errors(model_folder, data, tmp_path):
-    with pytest.raises(ConfigError, match=r"algorithm_type: backend 'local' has no algorithm 'dpo'.*grpo"):
-        tune(
-            workflow_func=workflow,
-            judge_func=judge,
-            train_dataset=DatasetConfig(path=data),
-            model=ModelConfig(model_path=str(model_folder)),
-            algorithm=AlgorithmConfig(algorithm_type="dpo"),
-            backend="local",
-        )
-    with pytest.raises(ConfigError, match=r"unknown key 'backend_args.micro_bacth' \(did you mean 'micro_batch'\?\)"):
-        tune(
-            workflow_func=workflow,
-            judge_func=judge,
-            train_dataset=DatasetConfig(path=data),
-            model=ModelConfig(model_path=str(model_folder)),
-            backend="local",
-            backend_args={"micro_bacth": 4},
-        )
-    for args, message in (
-        ({"matmul_dtype": "bf16"}, r"matmul_dtype: must be one of float32, bfloat16; got 'bf16'"),
-        ({"matmul_dtype": "bfloat16", "prepacked_weights": False}, r"matmul_dtype: bfloat16 runs on the prepacked"),
-    ):
-        with pytest.raises(ConfigError, match=message):
-            tune(
-                workflow_func=workflow,
-                judge_func=judge,
-                train_dataset=DatasetConfig(path=data),
-                model=ModelConfig(model_path=str(model_folder)),
-                backend="local",
-                backend_args=args,
-            )
-    with pytest.raises(ConfigError, match=r"keep_free_mb: must be at least 0"):
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"algorithm": AlgorithmConfig(algorithm_type="dpo")},
+            r"algorithm_type: backend 'local' has no algorithm 'dpo'.*grpo",
+        ),
+        (
+            {"backend_args": {"micro_bacth": 4}},
+            r"unknown key 'backend_args.micro_bacth' \(did you mean 'micro_batch'\?\)",
+        ),
+        ({"backend_args": {"matmul_dtype": "bf16"}}, r"matmul_dtype: must be one of float32, bfloat16; got 'bf16'"),
+        (
+            {"backend_args": {"matmul_dtype": "bfloat16", "prepacked_weights": False}},
+            r"matmul_dtype: bfloat16 runs on the prepacked",
+        ),
+        ({"backend_args": {"keep_free_mb": -1}}, r"keep_free_mb: must be at least 0"),
+    ],
+)
+def test_unknown_algorithm_and_bad_backend_args_are_clear_errors(model_folder, data, options, message):
+    with pytest.raises(ConfigError, match=message):
         tune(
             workflow_func=workflow,
             judge_func=judge,
             train_dataset=DatasetConfig(path=data),
             model=ModelConfig(model_path=str(model_folder)),
             backend="local",
-            backend_args={"keep_free_mb": -1},
+            **options,
         )
 
 
