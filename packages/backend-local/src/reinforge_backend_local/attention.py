@@ -5,7 +5,7 @@ completions after it. Its dense attention under the row's mask costs the row's w
 squared, and most of that is masked out (a completion sees neither its siblings nor the
 other groups). Here each sequence's own tokens (its segment) attend to its own path only,
 all segments batched in one ``scaled_dot_product_attention`` call: on the GRPO bench's
-batch (16 sequences in one 467-token tree) 16 x 64 x 64 scores instead of 467 x 467.
+batch (16 sequences in one 467-token tree) 16 x 55 x 68 scores instead of 467 x 467.
 The same outputs as the dense masked attention (tested), so the same logprobs and gradients.
 
 It is a Hugging Face attention function (``AttentionInterface``): :func:`segmented` switches a

@@ -12,8 +12,9 @@ token to the tokens of its own sequence before it. Logprobs, loss and gradients
 equal the padded computation: the gradients through a shared token add up, as
 they would over its copies.
 
-Attention under a mask costs a row's width squared, most of it masked out, so
-unrelated trees share a row only to fill what would be padding (``row_tokens``).
+Attention under the mask costs a row's width squared, most of it masked out, so
+unrelated trees share a row only to fill what would be padding (``row_tokens``);
+:mod:`.attention` runs the same attention sequence by sequence (:class:`Segments`).
 """
 
 from __future__ import annotations

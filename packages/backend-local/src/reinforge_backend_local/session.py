@@ -73,8 +73,7 @@ class Policy:
         self.peft = lora and not mc.full_finetune
         self.name = mc.model_path or DEFAULT_MODEL
         # loaded, wrapped and packed on the thread that will decode and train with it (.compute)
-        self.matmul_dtype = matmul_dtype
-        model, tokenizer, self.folder, packer = on_compute_thread(self._load, mc, lora, prepacked_weights)
+        model, tokenizer, self.folder, packer = on_compute_thread(self._load, mc, lora, prepacked_weights, matmul_dtype)
         self.model = model
         self.tokenizer = tokenizer
         self.engine = Engine(
@@ -90,7 +89,9 @@ class Policy:
         self.template = ChatTemplate(tokenizer, mc.max_model_len)
         self.endpoint = PolicyEndpoint(self.name).start()
 
-    def _load(self, mc: ModelConfig, lora: bool, prepacked_weights: bool) -> tuple[Any, Any, Path, Any]:
+    def _load(
+        self, mc: ModelConfig, lora: bool, prepacked_weights: bool, matmul_dtype: str
+    ) -> tuple[Any, Any, Path, Any]:
         model, tokenizer, folder = load_policy(mc.model_path, dtype=self.dtype, device=str(self.device))
         if self.peft:
             model = attach_lora(model, mc)
@@ -100,7 +101,7 @@ class Policy:
         on_cpu = self.device.type == "cpu"
         packer = None
         if prepacked_weights and on_cpu and packing.available():
-            packer = packing.Packer(torch.bfloat16 if self.matmul_dtype == "bfloat16" else None)
+            packer = packing.Packer(torch.bfloat16 if matmul_dtype == "bfloat16" else None)
         if packer is not None:
             packing.install(model, packer)  # frozen layers train on the packed weights too
         return model, tokenizer, folder, packer
