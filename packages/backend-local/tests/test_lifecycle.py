@@ -174,6 +174,13 @@ def test_a_finished_run_reports_every_step_and_starts_and_ends_once(model_folder
     assert _steps(recorder, "train") == [1, 2]
     metrics = recorder.calls("on_step_end")[0]["metrics"]
     assert "loss" in metrics and "kind" not in metrics  # observers get the numbers
+    # matmul_dtype "auto" (the default) resolved for this CPU, recorded, and the sampler corrected in bf16
+    from reinforge_backend_local.packing import native_bf16
+
+    resolved = "bfloat16" if native_bf16() else "float32"
+    config = json.loads((Path(summary["run_dir"]) / "config.json").read_text())
+    assert config["backend_args"]["matmul_dtype"] == resolved
+    assert ("train/sampler_weight" in metrics) == (resolved == "bfloat16"), sorted(metrics)
 
 
 def test_train_state_round_trips_and_reads_the_0_2_state_json():

@@ -107,3 +107,17 @@ def test_lora_training_on_packed_frozen_weights_gives_the_same_loss_and_gradient
     assert grads[0].keys() == grads[1].keys() and grads[0]
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-3)
+
+
+def test_matmul_dtype_auto_is_bf16_exactly_where_the_cpu_has_native_bf16(monkeypatch):
+    for flags, expected in (
+        ({"_is_amx_tile_supported"}, "bfloat16"),
+        ({"_is_avx512_bf16_supported"}, "bfloat16"),
+        (set(), "float32"),
+    ):
+        for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+            monkeypatch.setattr(torch.cpu, probe, lambda on=probe in flags: on, raising=False)
+        assert packing.native_bf16() is (expected == "bfloat16")
+        assert packing.resolve_matmul_dtype("auto") == expected
+        assert packing.resolve_matmul_dtype("float32") == "float32"
+        assert packing.resolve_matmul_dtype("bfloat16") == "bfloat16"

@@ -89,7 +89,10 @@ def test_resume_after_a_stop_between_steps_reproduces_the_next_step_exactly(mode
             {"backend_args": {"micro_bacth": 4}},
             r"unknown key 'backend_args.micro_bacth' \(did you mean 'micro_batch'\?\)",
         ),
-        ({"backend_args": {"matmul_dtype": "bf16"}}, r"matmul_dtype: must be one of float32, bfloat16; got 'bf16'"),
+        (
+            {"backend_args": {"matmul_dtype": "bf16"}},
+            r"matmul_dtype: must be one of auto, float32, bfloat16; got 'bf16'",
+        ),
         (
             {"backend_args": {"matmul_dtype": "bfloat16", "prepacked_weights": False}},
             r"matmul_dtype: bfloat16 runs on the prepacked",

@@ -16,6 +16,8 @@ from reinforge.plugin import Backend, FieldError, Settings, at_least, finite, on
 from .algorithms import ALGORITHM_ALIASES, ALGORITHMS
 from .modeling import device_problem
 
+MATMUL_DTYPES = ("auto", "float32", "bfloat16")  # resolved by packing.resolve_matmul_dtype
+
 if TYPE_CHECKING:
     from reinforge.plugin import ModelConfig, TuneJob
 
@@ -37,7 +39,7 @@ class LocalSettings(Settings):
     kv_cache_mb: float = 1024  # a decode batch whose KV cache would be larger runs in parts
     prepacked_weights: bool = True  # frozen weights in oneDNN's packed layout, for decode and training
     keep_free_mb: float = 2048  # freed memory kept for reuse (memory.py); 0: back to the system at once
-    matmul_dtype: str = "float32"  # bfloat16: the frozen (and merged) weights' matmuls in bf16, sampler corrected
+    matmul_dtype: str = "auto"  # bfloat16: the frozen (and merged) weights' matmuls in bf16, sampler corrected; auto: bf16 on CPUs with native bf16
     threads: int | None = None  # torch threads (default: torch's)
     tensorboard: bool = True
     progress: bool = True
@@ -56,7 +58,7 @@ class LocalSettings(Settings):
         finite("window_s", self.window_s)
         at_least("kv_cache_mb", self.kv_cache_mb, 0.0, strict=True)
         finite("kv_cache_mb", self.kv_cache_mb)
-        one_of("matmul_dtype", self.matmul_dtype, ("float32", "bfloat16"))
+        one_of("matmul_dtype", self.matmul_dtype, MATMUL_DTYPES)
         if self.matmul_dtype == "bfloat16" and not self.prepacked_weights:
             raise FieldError("matmul_dtype", "bfloat16 runs on the prepacked weights: set prepacked_weights: true")
         at_least("keep_free_mb", self.keep_free_mb, 0.0)

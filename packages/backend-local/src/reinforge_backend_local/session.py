@@ -100,8 +100,10 @@ class Policy:
         # oneDNN packing is a CPU layout; on a GPU every layer stays on F.linear
         on_cpu = self.device.type == "cpu"
         packer = None
+        self.matmul_dtype = "float32"  # without packed weights every matmul is in the model's dtype
         if prepacked_weights and on_cpu and packing.available():
-            packer = packing.Packer(torch.bfloat16 if matmul_dtype == "bfloat16" else None)
+            self.matmul_dtype = packing.resolve_matmul_dtype(matmul_dtype)
+            packer = packing.Packer(torch.bfloat16 if self.matmul_dtype == "bfloat16" else None)
         if packer is not None:
             packing.install(model, packer)  # frozen layers train on the packed weights too
         return model, tokenizer, folder, packer
@@ -297,7 +299,7 @@ class TrainingSession:
             micro_batch_tokens=opts.micro_batch_tokens,
             peft=policy.peft,
             pack=opts.packed_batches,
-            sampler_correction=SAMPLER_WEIGHT_CAP if opts.matmul_dtype != "float32" else None,
+            sampler_correction=SAMPLER_WEIGHT_CAP if policy.matmul_dtype != "float32" else None,
         )
         if not policy.peft and self.loss.kl_coef > 0:
             import copy
@@ -320,6 +322,8 @@ class TrainingSession:
             if isinstance(config.get("model"), dict):
                 # the dtype actually trained in ("auto" resolved): export and serve rebuild the base in it
                 config["model"]["dtype"] = policy.dtype
+            if isinstance(config.get("backend_args"), dict):
+                config["backend_args"]["matmul_dtype"] = policy.matmul_dtype  # "auto" resolved, likewise
             (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
         self.log = MetricsLog(run_dir, tensorboard=opts.tensorboard)
         self.progress = _Progress(self.total, enabled=opts.progress)
