@@ -76,6 +76,8 @@ class Policy:
         model, tokenizer, self.folder, packer = on_compute_thread(self._load, mc, lora, prepacked_weights, matmul_dtype)
         self.model = model
         self.tokenizer = tokenizer
+        # what the packed matmuls run in ("auto" resolved); without packed weights, the model's dtype
+        self.matmul_dtype = "bfloat16" if packer is not None and packer.compute_dtype == torch.bfloat16 else "float32"
         self.engine = Engine(
             model,
             tokenizer,
@@ -100,10 +102,9 @@ class Policy:
         # oneDNN packing is a CPU layout; on a GPU every layer stays on F.linear
         on_cpu = self.device.type == "cpu"
         packer = None
-        self.matmul_dtype = "float32"  # without packed weights every matmul is in the model's dtype
         if prepacked_weights and on_cpu and packing.available():
-            self.matmul_dtype = packing.resolve_matmul_dtype(matmul_dtype)
-            packer = packing.Packer(torch.bfloat16 if self.matmul_dtype == "bfloat16" else None)
+            low = packing.resolve_matmul_dtype(matmul_dtype) == "bfloat16"  # "auto": bf16 where it is native
+            packer = packing.Packer(torch.bfloat16 if low else None)
         if packer is not None:
             packing.install(model, packer)  # frozen layers train on the packed weights too
         return model, tokenizer, folder, packer
