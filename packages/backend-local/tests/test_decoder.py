@@ -248,3 +248,15 @@ def test_the_engine_reuses_an_episode_until_it_is_forgotten(policy, poisoned_cac
     for i in range(2):
         engine.forget(("rollout", i))
     assert engine.episodes == {} and engine.episode_bytes == 0
+
+
+def test_the_gqa_flag_read_off_the_version_matches_what_sdpa_accepts():
+    from reinforge_backend_local.decoder import _sdpa_has_gqa
+
+    q = torch.zeros(1, 2, 1, 4)
+    try:
+        torch.nn.functional.scaled_dot_product_attention(q, q[:, :1], q[:, :1], enable_gqa=True)
+        accepts = True
+    except TypeError:
+        accepts = False
+    assert _sdpa_has_gqa() is accepts

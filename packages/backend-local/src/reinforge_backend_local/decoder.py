@@ -798,4 +798,4 @@ def _sdpa_has_gqa() -> bool:
     builds the decoder (the caller's, not the compute thread), and that gives the caller its own
     OpenMP team, which made every parallel region of the compute thread 2-4x slower (.compute).
     """
-    return bool(torch.__version__ >= "2.5")
+    return bool(torch.__version__ >= "2.5")  # a TorchVersion: compared as a version ("2.13" > "2.5"), not a string
