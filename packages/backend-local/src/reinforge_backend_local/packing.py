@@ -201,11 +201,10 @@ class _FrozenLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         (weight,) = ctx.saved_tensors
-        if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
-        if weight.dtype != grad.dtype:
-            return (grad.to(weight.dtype) @ weight).to(grad.dtype), None, None, None, None
-        return grad @ weight, None, None, None, None
+        grad_x = None
+        if ctx.needs_input_grad[0]:  # in the saved weight's dtype (``low``: bf16), returned in the gradient's
+            grad_x = (grad.to(weight.dtype) @ weight).to(grad.dtype)
+        return grad_x, None, None, None, None
 
 
 def install(model: Any, packer: Packer) -> int:

@@ -553,7 +553,7 @@ class Trainer:
         finally:
             self.model.eval()
         tokens = max(sums["tokens"], 1.0)
-        return {
+        metrics = {
             "loss": sums["loss"],
             "entropy": sums["entropy"] / tokens,
             "kl": sums["kl"] / tokens,
@@ -564,9 +564,9 @@ class Trainer:
             "train/tokens": sums["tokens"],
             "train/seq_tokens": sums["seq_tokens"],
             "train/run_tokens": sums["run_tokens"],
-            **(
-                {"train/sampler_weight": sums["sampler_weight"] / tokens} if self.sampler_correction is not None else {}
-            ),
             **timings,
             "time/train": time.perf_counter() - t0,
         }
+        if self.sampler_correction is not None:
+            metrics["train/sampler_weight"] = sums["sampler_weight"] / tokens
+        return metrics
