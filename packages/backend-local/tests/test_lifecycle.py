@@ -41,7 +41,7 @@ def recorded():
     recorder.detach()
 
 
-def _tune(model_folder, data, out, pm, *, steps=2, flow=workflow, eval_data=None, **options):
+def _tune(model_folder, data, out, pm, *, steps=2, flow=workflow, eval_data=None, backend_args=None, **options):
     return tune(
         workflow_func=flow,
         judge_func=judge,
@@ -50,7 +50,8 @@ def _tune(model_folder, data, out, pm, *, steps=2, flow=workflow, eval_data=None
         model=ModelConfig(model_path=str(model_folder), max_tokens=6, lora_rank=8, lora_alpha=16),
         algorithm=AlgorithmConfig(group_size=2, batch_size=2, learning_rate=1e-3, save_interval_steps=0, seed=3),
         backend="local",
-        backend_args={"output_dir": str(out), "progress": False, "tensorboard": False, "report": False},
+        backend_args={"output_dir": str(out), "progress": False, "tensorboard": False, "report": False}
+        | (backend_args or {}),
         plugin_manager=pm,
         **options,
     )
@@ -174,13 +175,26 @@ def test_a_finished_run_reports_every_step_and_starts_and_ends_once(model_folder
     assert _steps(recorder, "train") == [1, 2]
     metrics = recorder.calls("on_step_end")[0]["metrics"]
     assert "loss" in metrics and "kind" not in metrics  # observers get the numbers
-    # matmul_dtype "auto" (the default) resolved for this CPU, recorded, and the sampler corrected in bf16
-    from reinforge_backend_local.packing import native_bf16
+    # matmul_dtype float32 (the default): recorded, and no sampler correction
+    config = json.loads((Path(summary["run_dir"]) / "config.json").read_text())
+    assert config["backend_args"]["matmul_dtype"] == "float32"
+    assert "train/sampler_weight" not in metrics, sorted(metrics)
 
-    resolved = "bfloat16" if native_bf16() else "float32"
+
+@pytest.mark.parametrize("native", [True, False])
+def test_matmul_dtype_auto_is_resolved_for_the_cpu_and_recorded(
+    model_folder, data, tmp_path, recorded, monkeypatch, native
+):
+    from reinforge_backend_local import packing
+
+    monkeypatch.setattr(packing, "native_bf16", lambda: native)
+    pm, recorder = recorded
+    summary = _tune(model_folder, data, tmp_path / "out", pm, steps=1, backend_args={"matmul_dtype": "auto"})
+    resolved = "bfloat16" if native else "float32"
     config = json.loads((Path(summary["run_dir"]) / "config.json").read_text())
     assert config["backend_args"]["matmul_dtype"] == resolved
-    assert ("train/sampler_weight" in metrics) == (resolved == "bfloat16"), sorted(metrics)
+    metrics = recorder.calls("on_step_end")[0]["metrics"]
+    assert ("train/sampler_weight" in metrics) == native, sorted(metrics)  # the sampler corrected exactly in bf16
 
 
 def test_train_state_round_trips_and_reads_the_0_2_state_json():

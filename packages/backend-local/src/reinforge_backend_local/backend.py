@@ -39,7 +39,9 @@ class LocalSettings(Settings):
     kv_cache_mb: float = 1024  # a decode batch whose KV cache would be larger runs in parts
     prepacked_weights: bool = True  # frozen weights in oneDNN's packed layout, for decode and training
     keep_free_mb: float = 2048  # freed memory kept for reuse (memory.py); 0: back to the system at once
-    matmul_dtype: str = "auto"  # bfloat16: the frozen (and merged) weights' matmuls in bf16, sampler corrected; auto: bf16 on CPUs with native bf16
+    # bfloat16: the frozen (and merged) weights' matmuls in bf16, sampler corrected; auto: bf16 on CPUs with native
+    # bf16. float32 by default: bf16 cost the math example ~5 points of held-out accuracy (README)
+    matmul_dtype: str = "float32"
     threads: int | None = None  # torch threads (default: torch's)
     tensorboard: bool = True
     progress: bool = True
