@@ -94,23 +94,47 @@ def test_duplicate_key_returns_the_first_answer_and_conflicts_are_409(server):
     first = send(server, {"trace_id": trace_id, "reward": 1.0, "idempotency_key": "a"}, token)
     again = send(server, {"trace_id": trace_id, "reward": 1.0, "idempotency_key": "a"}, token)
     assert first.status_code == again.status_code == 200 and first.json() == again.json()
-    # a retry under the same key gets the first answer even if its body differs
-    assert send(server, {"trace_id": trace_id, "reward": 0.0, "idempotency_key": "a"}, token).json() == first.json()
+    # the same key with another reward is refused, naming the reward it stored: the client learns it was not taken
+    reused = send(server, {"trace_id": trace_id, "reward": 0.0, "idempotency_key": "a"}, token)
+    assert reused.status_code == 409 and reused.json()["error"]["code"] == "idempotency_key_reused"
+    assert reused.json()["stored"] == first.json() and reused.json()["error"]["param"] == "idempotency_key"
     conflict = send(server, {"trace_id": trace_id, "reward": 0.0, "idempotency_key": "b"}, token)
     assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "reward_conflict"
-    # the conflict is remembered under its key too
     assert send(server, {"trace_id": trace_id, "reward": 0.0, "idempotency_key": "b"}, token).status_code == 409
-    same = send(server, {"trace_id": trace_id, "reward": 1.0}, token)
+    same = send(server, {"trace_id": trace_id, "reward": 1.0, "idempotency_key": "c"}, token)
     assert same.status_code == 200 and same.json()["status"] == "unchanged"
     assert gw(server).store.trace(trace_id)["reward"] == 1.0
     m = gw(server).metrics.feedback
-    assert m.labels("200")._value.get() == 4 and m.labels("409")._value.get() == 2
+    assert m.labels("200")._value.get() == 3 and m.labels("409")._value.get() == 3
 
 
-def test_last_before_commit_replaces_and_rewards_are_clamped(gateway):
-    server = gateway(selection={"sampling_rate": 1.0}, feedback={"conflict": "last-before-commit", "reward_max": 1.0})
+def test_rejected_and_unchanged_feedback_leaves_no_rows(server):
+    """Only answers that changed the reward are kept under their key: new keys cannot grow the table."""
     trace_id, token = sampled(server)
-    assert send(server, {"trace_id": trace_id, "reward": 5.0}, token).json()["reward"] == 1.0  # clamped
+    assert send(server, {"trace_id": trace_id, "reward": 1.0, "idempotency_key": "k0"}, token).status_code == 200
+    for i in range(1, 30):
+        reward = 0.0 if i % 2 else 1.0  # conflicts (409) and repeats (unchanged), each with a fresh key
+        assert send(server, {"trace_id": trace_id, "reward": reward, "idempotency_key": f"k{i}"}, token).status_code in (
+            200,
+            409,
+        )
+    assert gw(server).store.count("feedback") == 1
+
+
+def test_out_of_range_rewards_are_400_naming_the_range_and_nothing_is_stored(server):
+    trace_id, token = sampled(server)
+    for reward in (1e300, -2.0, 1.5):
+        r = send(server, {"trace_id": trace_id, "reward": reward}, token)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "reward_out_of_range"
+        assert "[-1, 1]" in r.json()["error"]["message"] and r.json()["error"]["param"] == "reward"
+    assert gw(server).store.trace(trace_id)["reward"] is None and gw(server).store.count("feedback") == 0
+
+
+def test_last_before_commit_replaces_within_the_declared_range(gateway):
+    server = gateway(selection={"sampling_rate": 1.0}, feedback={"conflict": "last-before-commit", "reward_max": 5.0})
+    trace_id, token = sampled(server)
+    assert send(server, {"trace_id": trace_id, "reward": 6.0}, token).status_code == 400
+    assert send(server, {"trace_id": trace_id, "reward": 5.0}, token).json()["status"] == "recorded"
     r = send(server, {"trace_id": trace_id, "reward": 0.5}, token)
     assert r.status_code == 200 and r.json()["status"] == "replaced"
     assert gw(server).store.trace(trace_id)["reward"] == 0.5

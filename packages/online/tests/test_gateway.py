@@ -330,13 +330,16 @@ def test_a_policy_answer_that_is_not_a_completion_falls_back(gateway, fakes):
     assert gw(server).metrics.fallbacks.labels("bad_response")._value.get() == 1
 
 
-def test_a_policy_stream_that_fails_midway_is_relayed_and_not_recorded(gateway, fakes):
+def test_a_policy_stream_that_fails_midway_is_relayed_and_stored_as_failed(gateway, fakes):
     fakes[1].behaviour = "error_event"
     server = gateway(selection={"sampling_rate": 1.0})
     r = post(server, {**BODY, "stream": True})
     assert r.status_code == 200
     assert b'"error"' in r.content and r.content.endswith(b"data: [DONE]\n\n")
-    wait_recorded(server, 0)
+    wait_recorded(server, 1)
+    (call,) = gw(server).store.trace(r.headers["x-reinforge-trace-id"])["calls"]
+    assert call["state"] == "failed"  # never half-stored as complete
+    assert gw(server).metrics.streams.labels("failed")._value.get() == 1
 
 
 def test_sampling_pauses_after_policy_failures_and_resumes(gateway, fakes):

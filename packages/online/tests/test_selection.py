@@ -8,14 +8,14 @@ from typing import Any
 
 import httpx
 import pytest
-from online_testlib import HTTP, TRAFFIC_KEY, UPSTREAM_BODY
+from online_testlib import HTTP, SECRET, TRAFFIC_KEY, UPSTREAM_BODY
 
 import reinforge_online.plugin as ours
 from reinforge.plugin import ConfigError, Settings, get_plugin_manager, hookimpl, load_settings
 from reinforge.testing import check_entry_point
 from reinforge_online import ExplicitMarking, SamplingRate, SelectionRequest, build_selection
 from reinforge_online.config import SelectionSettings
-from reinforge_online.selection import selection_registry, session_of
+from reinforge_online.selection import selection_registry, selection_secret, session_of
 
 
 def req(headers: dict[str, str] | None = None, body: dict[str, Any] | None = None) -> SelectionRequest:
@@ -173,7 +173,7 @@ def test_a_raising_strategy_leaves_requests_unsampled(gateway, tmp_path, upstrea
 
 def test_sticky_through_the_gateway(gateway):
     server = gateway(selection={"sampling_rate": 0.5, "salt": "k"})
-    rate = SamplingRate(0.5, salt="k")
+    rate = SamplingRate(0.5, salt="k", secret=selection_secret(SECRET))  # the gateway's secret, not the file's salt
     with httpx.Client(headers={"authorization": f"Bearer {TRAFFIC_KEY}"}, verify=False) as client:
         for i in range(12):
             session = f"conv-{i}"

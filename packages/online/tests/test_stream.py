@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from reinforge_online.app import _Stream
+from reinforge_online.asgi import StreamResponse
 
 
 def test_pieces_go_out_in_order_and_the_body_ends():
@@ -23,7 +23,7 @@ def test_pieces_go_out_in_order_and_the_body_ends():
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    response = _Stream(pieces(), headers={"content-type": "text/event-stream", "x-reinforge-trace-id": "t1"})
+    response = StreamResponse(pieces(), headers={"content-type": "text/event-stream", "x-reinforge-trace-id": "t1"})
     asyncio.run(response({"type": "http"}, receive, send))
     start, *bodies = sent
     assert start["status"] == 200 and (b"x-reinforge-trace-id", b"t1") in start["headers"]
@@ -55,5 +55,5 @@ def test_a_client_that_went_away_ends_the_stream_and_closes_the_pieces():
         if message["type"] == "http.response.body":
             sent.append(message["body"])
 
-    asyncio.run(_Stream(pieces())({"type": "http"}, receive, send))
+    asyncio.run(StreamResponse(pieces())({"type": "http"}, receive, send))
     assert sent == [b"first"] and closed.is_set()

@@ -15,7 +15,7 @@ from online_testlib import POLICY_PROMPT_IDS, POLICY_TOKENS, UPSTREAM_KEY
 
 from reinforge import ChatModel, JudgeOutput
 from reinforge.plugin import ConfigError
-from reinforge_online import ExplicitMarking, OnlineTrainer, SamplingRate
+from reinforge_online import ApiError, ExplicitMarking, OnlineTrainer, SamplingRate
 from reinforge_online.committer import JsonlSink
 
 MESSAGES = [{"role": "user", "content": "2+2?"}]
@@ -133,10 +133,13 @@ def test_feedback_in_process_follows_the_gateways_rules(tmp_path):
         model = t.chat_model(upstream=upstream, policy=policy)
         reply = asyncio.run(model.chat(MESSAGES))
         assert reply.trace_id is not None
-        first = t.feedback(reply.trace_id, 7.0, idempotency_key="k")
-        assert first.status == 200 and first.body["reward"] == 1.0  # clamped
+        with pytest.raises(ApiError, match=r"outside the declared range \[0, 1\]"):
+            t.feedback(reply.trace_id, 7.0, idempotency_key="k")
+        first = t.feedback(reply.trace_id, 1.0, idempotency_key="k")
+        assert first.status == 200 and first.body["reward"] == 1.0
         assert t.feedback(reply.trace_id, 0.5).status == 409  # first-wins
-        assert t.feedback(reply.trace_id, 7.0, idempotency_key="k").body == first.body
+        assert t.feedback(reply.trace_id, 1.0, idempotency_key="k").body == first.body
+        assert t.feedback(reply.trace_id, 0.5, idempotency_key="k").body["error"]["code"] == "idempotency_key_reused"
         assert t.feedback("nope", 1.0).status == 404
 
 

@@ -36,19 +36,10 @@ def build(args: argparse.Namespace) -> tuple[Starlette, str, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``reinforge online serve``: build the gateway, then serve until interrupted."""
-    import uvicorn
+    """``reinforge online serve``: build the gateway, then serve until SIGTERM/SIGINT (a bounded shutdown)."""
+    from .server import serve
 
     app, host, port = build(args)
     print(f"reinforge-online: gateway at http://{host}:{port}/v1", file=sys.stderr, flush=True)
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        log_level=args.log_level,
-        lifespan="on",
-    )
-    uvicorn.Server(config).run()
-    return 0
+    settings = app.state.gateway.settings
+    return serve(app, host, port, shutdown_timeout_s=settings.shutdown_timeout_s, log_level=args.log_level)

@@ -150,12 +150,14 @@ class StoreSettings(Settings):
     queue_size: int = 10000
     batch_max: int = 512
     busy_timeout_ms: int = 1000
+    ack_timeout_ms: int = 250  # how long a sampled request waits for its call's commit before it goes without headers
     probe_interval_s: float = 1.0
     ttl_s: float | None = None
     sweep_interval_s: float = 60.0
     max_calls_per_trace: int = 256
 
     def check(self) -> None:
+        at_least("ack_timeout_ms", self.ack_timeout_ms, 1)
         if self.ttl_s is not None:
             at_least("ttl_s", self.ttl_s, 0.0, strict=True)
         at_least("sweep_interval_s", self.sweep_interval_s, 0.0, strict=True)
@@ -180,14 +182,16 @@ class StoreSettings(Settings):
 
 @dataclass
 class LimitSettings(Settings):
-    """Request limits enforced before anything is forwarded."""
+    """Request limits enforced before anything is forwarded (``requests_per_s: null`` switches the rate limit off)."""
 
     max_body_bytes: int = 4 * 2**20
-    requests_per_s: float | None = None
-    burst: int = 0
+    body_timeout_s: float = 30.0
+    requests_per_s: float | None = 100.0
+    burst: int = 200
 
     def check(self) -> None:
         at_least("max_body_bytes", self.max_body_bytes, 1)
+        at_least("body_timeout_s", self.body_timeout_s, 0.0, strict=True)
         if self.requests_per_s is not None:
             at_least("requests_per_s", self.requests_per_s, 0.0, strict=True)
         at_least("burst", self.burst, 0)
@@ -195,14 +199,18 @@ class LimitSettings(Settings):
 
 @dataclass
 class FeedbackSettings(Settings):
-    """Delayed rewards: the conflict policy and the declared range (rewards outside are clamped)."""
+    """Delayed rewards: the conflict policy and the declared range (rewards outside are a 400; null: no bound)."""
 
     conflict: str = "first-wins"
-    reward_min: float | None = None
-    reward_max: float | None = None
+    reward_min: float | None = -1.0
+    reward_max: float | None = 1.0
 
     def check(self) -> None:
         one_of("conflict", self.conflict, CONFLICT_POLICIES)
+        for key in ("reward_min", "reward_max"):
+            value = getattr(self, key)
+            if value is not None:
+                finite(key, value)
         if self.reward_min is not None and self.reward_max is not None and self.reward_min > self.reward_max:
             raise FieldError("reward_max", f"must be at least reward_min ({self.reward_min}), got {self.reward_max}")
 
@@ -400,9 +408,11 @@ class OnlineSettings(Settings):
     reward: RewardSettings | None = None
     shadow: ShadowSettings = field(default_factory=ShadowSettings)
     redact: str | None = None
+    shutdown_timeout_s: float = 10.0
     base_dir: str | None = field(default=None, metadata={"yaml": False})  # the file's folder, for `redact`
 
     def check(self) -> None:
+        at_least("shutdown_timeout_s", self.shutdown_timeout_s, 1.0)
         _mode("mode", self.mode)
         for route, mode in self.routes.items():
             if route not in ROUTES:

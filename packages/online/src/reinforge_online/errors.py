@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["ApiError", "parse_json"]
+__all__ = ["ApiError"]
 
 
 class ApiError(Exception):
@@ -34,14 +34,3 @@ class ApiError(Exception):
 
     def encoded(self) -> bytes:
         return json.dumps(self.body()).encode()
-
-
-def parse_json(raw: bytes) -> dict[str, Any]:
-    """The request body as a JSON object, or a 400."""
-    try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ApiError(f"the request body is not valid JSON: {exc}", code="invalid_json") from exc
-    if not isinstance(body, dict):
-        raise ApiError("the request body must be a JSON object", code="invalid_json")
-    return body

@@ -40,6 +40,26 @@ class Metrics:
             "reinforge_online_store_errors", "trace writes dropped (queue_full, write_failed)", ["kind"], registry=r
         )
         self.recorded = Counter("reinforge_online_recorded_calls", "calls acknowledged by the store", registry=r)
+        self.traces_dropped = Counter(
+            "reinforge_online_traces_dropped",
+            "sampled calls answered without trace headers because the store did not commit them in time"
+            " (queue_full, write_failed, unhealthy, closed, timeout, invalid)",
+            ["reason"],
+            registry=r,
+        )
+        self.streams = Counter(
+            "reinforge_online_streamed_calls",
+            "recorded streamed calls by how they ended (complete, aborted: broke off or cut, failed: an error event)",
+            ["state"],
+            registry=r,
+        )
+        self.broken_streams = Counter(
+            "reinforge_online_broken_streams",
+            "responses cut off because the upstream or policy broke off mid-body (the client's connection is"
+            " closed without the final chunk), by path",
+            ["path"],
+            registry=r,
+        )
         self.redacted = Counter(
             "reinforge_online_redaction_drops",
             "calls the redactor kept out of the store (dropped: it returned None; error: it raised)",

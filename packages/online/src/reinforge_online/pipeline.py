@@ -8,8 +8,10 @@ to record, so rewards, feedback and commits behave the same whichever way a call
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -21,7 +23,7 @@ from .config import CHAT_ROUTE, OnlineSettings, Secrets, policy_admin_url
 from .metrics import Metrics
 from .redact import Redactor, resolve_redactor
 from .rewards import RewardCalculator, build_composer
-from .selection import Selection, SelectionRequest, build_selection, session_of
+from .selection import Selection, SelectionRequest, build_selection, selection_secret, session_of
 from .store import CallRecord, StoreUnavailable, TraceClosed, TraceStore, open_store, trace_state
 
 __all__ = ["Pipeline", "task_of"]
@@ -59,7 +61,9 @@ class Pipeline:
         self.secrets = secrets
         self.metrics = metrics or Metrics()
         self.redact = redact or resolve_redactor(settings, where)
-        self.selection = selection or build_selection(settings.selection, where=where)
+        self.selection = selection or build_selection(
+            settings.selection, where=where, secret=selection_secret(secrets.feedback_secret)
+        )
         self._judges: list[Any] = []
         if composer is None and settings.reward is not None:  # judges first: a bad one fails before any thread starts
             composer = build_composer(settings.reward, where=where, base_dir=settings.base_dir)
@@ -69,6 +73,8 @@ class Pipeline:
         )
         self._policy_failures = 0
         self._policy_paused_until = 0.0
+        self._drop_lock = threading.Lock()
+        self._drop_log: dict[str, tuple[float, int]] = {}  # reason -> (last logged, lines suppressed since)
         self._sinks: list[Any] = []  # the sinks built here, closed in close()
         self.rewards = self._rewards(settings, composer)
         self.committer = self._committer(settings, sink)
@@ -78,15 +84,15 @@ class Pipeline:
         r = settings.reward
         if composer is None:
             return None
-        low, high = (r.reward_min, r.reward_max) if r is not None else (None, None)
+        low, high = (r.reward_min, r.reward_max) if r is not None else (None, None)  # judges: their own range only
         return RewardCalculator(
             self.store,
             composer,
             close_after_s=r.close_after_s if r is not None else 0.0,
             concurrency=r.concurrency if r is not None else 4,
             queue_size=r.queue_size if r is not None else 1000,
-            reward_min=settings.feedback.reward_min if low is None else low,
-            reward_max=settings.feedback.reward_max if high is None else high,
+            reward_min=low,
+            reward_max=high,
             on_result=self._reward_result,
             on_rewarded=lambda trace_id, reward: self.rewarded(),
         )
@@ -217,16 +223,90 @@ class Pipeline:
     def feedback_token(self, trace_id: str) -> str:
         return feedback.feedback_token(self.secrets.feedback_secret, trace_id)
 
-    def record(self, call: CallRecord) -> bool:
-        """Redact ``call`` and queue it for the store; whether it was taken (a drop is counted).
+    async def acknowledge(self, call: CallRecord) -> bool:
+        """Record ``call`` and wait until its transaction committed, at most ``store.ack_timeout_ms``.
 
-        A redactor that raises keeps the call out of the store (fail closed for privacy). Once the
-        call is acknowledged the reward calculator's clock for its trace (re)starts.
+        True means the call is durable: only then may its caller be given the trace id. False means it
+        is not (redacted away, the trace takes no more calls, or dropped: counted in
+        ``reinforge_online_traces_dropped_total{reason}`` and logged); the caller answers without trace
+        headers. A write still queued when the wait ends is cancelled; one already running may still
+        commit, unacknowledged (nobody was told its trace id).
         """
-        return self.record_future(call) is not None
+        future = self.record_future(call)
+        if future is None:
+            return False
+        wrapped = asyncio.wrap_future(future)
+        try:
+            await asyncio.wait_for(asyncio.shield(wrapped), self.settings.store.ack_timeout_ms / 1000)
+        except asyncio.TimeoutError:
+            future.cancel()
+            wrapped.cancel()
+            self.dropped("timeout", call.trace_id, f"not committed within {self.settings.store.ack_timeout_ms} ms")
+            return False
+        except TraceClosed:
+            return False  # counted as a closed trace's call where the write failed
+        except StoreUnavailable as exc:
+            self.dropped(exc.reason, call.trace_id, str(exc))
+            return False
+        except Exception as exc:  # noqa: BLE001 - this write's own failure (a value JSON cannot hold)
+            self.dropped("invalid", call.trace_id, f"{type(exc).__name__}: {exc}")
+            return False
+        return True
+
+    def dropped(self, reason: str, trace_id: str, detail: str) -> None:
+        """A sampled call the store did not take: counted, and logged (once a second per reason, with a count)."""
+        self.metrics.traces_dropped.labels(reason).inc()
+        now = time.monotonic()
+        with self._drop_lock:
+            last, suppressed = self._drop_log.get(reason, (0.0, 0))
+            if now - last < 1.0:
+                self._drop_log[reason] = (last, suppressed + 1)
+                return
+            self._drop_log[reason] = (now, 0)
+        more = f" ({suppressed} more since the last line)" if suppressed else ""
+        _log.warning(
+            "trace %s not acknowledged (%s: %s): answered without trace headers%s", trace_id, reason, detail, more
+        )
+
+    def finish_stream(self, call: CallRecord, state: str) -> None:
+        """A streamed call ended (``complete``, ``aborted`` or ``failed``): its response appended to its row.
+
+        Queued, not waited for: the stream's end goes to the client right after, and a feedback or close
+        sent then is ordered after this write on the writer thread. Once it commits, the trace's close
+        clock (re)starts.
+        """
+        if self.redact is not None:
+            try:
+                redacted = self.redact(copy.deepcopy(call))
+            except Exception:  # noqa: BLE001 - the user's redactor: the response is not stored
+                _log.exception("the redactor raised; the stream's response is not stored")
+                self.metrics.redacted.labels("error").inc()
+                redacted = None
+            if redacted is None:  # the call's row keeps no response: marked ended, without it
+                redacted = CallRecord(call.trace_id, call.call_id, call.route, call.mode, call.request, {})
+            call = redacted
+        trace_id = call.trace_id
+        try:
+            future = self.store.submit(lambda db: call.finish(db, state))
+        except StoreUnavailable as exc:
+            _log.warning("the end of trace %s's stream is not stored (%s): its call stays 'streaming'", trace_id, exc)
+            return
+        self.metrics.streams.labels(state).inc()
+
+        def done(f: Future[Any]) -> None:
+            if f.exception() is None and f.result() and self.rewards is not None:
+                self.rewards.touched(trace_id)
+
+        future.add_done_callback(done)
 
     def record_future(self, call: CallRecord) -> Future[Any] | None:
-        """:meth:`record`, with the store's future (resolved once the call is acknowledged), or None."""
+        """Redact ``call`` and queue it for the store; the store's future (resolved once the call is
+        acknowledged), or None when the call is not stored (redacted away, or the store refused it: counted).
+
+        A redactor that raises keeps the call out of the store (fail closed for privacy). Once the
+        call is acknowledged the reward calculator's clock for its trace (re)starts (a streamed call's
+        once its end is written).
+        """
         if self.redact is not None:
             try:  # on a copy: the client's response may still be on its way
                 redacted = self.redact(copy.deepcopy(call))
@@ -240,15 +320,18 @@ class Pipeline:
             call = redacted
         try:
             future = self.store.record(call)
-        except StoreUnavailable:
+        except StoreUnavailable as exc:
+            self.dropped(exc.reason, call.trace_id, str(exc))
             return None
-        trace_id = call.trace_id
+        trace_id, streaming = call.trace_id, call.state == "streaming"
 
         def done(f: Any) -> None:
+            if f.cancelled():
+                return
             exc = f.exception()
             if exc is None:
                 self.metrics.recorded.inc()
-                if self.rewards is not None:
+                if self.rewards is not None and not streaming:
                     self.rewards.touched(trace_id)
             elif isinstance(exc, TraceClosed):
                 self.metrics.closed_trace_calls.inc()
@@ -257,14 +340,12 @@ class Pipeline:
         return future
 
     def feedback(self, req: feedback.FeedbackRequest) -> Future[feedback.FeedbackOutcome]:
-        """Apply one (already authorised) feedback on the writer thread: clamped, conflict policy, idempotency.
+        """Apply one (already authorised, range-checked) feedback on the writer thread: conflict policy, idempotency.
 
         :raises StoreUnavailable: the store does not take writes now.
         """
-        f = self.settings.feedback
-        reward = feedback.clamp(req.reward, f.reward_min, f.reward_max)
-        conflict = f.conflict
-        future = self.store.submit(lambda db: feedback.apply_feedback(db, req, reward, conflict))
+        conflict = self.settings.feedback.conflict
+        future = self.store.submit(lambda db: feedback.apply_feedback(db, req, req.reward, conflict))
 
         def done(fut: Future[feedback.FeedbackOutcome]) -> None:
             if fut.exception() is None and fut.result().body.get("status") == "recorded":

@@ -200,11 +200,13 @@ class Upstream:
 
 
 async def raw_chunks(response: UpstreamResponse) -> AsyncIterator[bytes]:
-    """The upstream's body bytes as they arrive; ends quietly if the upstream breaks off."""
+    """The upstream's body bytes as they arrive.
+
+    :raises UpstreamError: the upstream broke off (the status line is gone: the response to the client
+        is cut too, see :class:`~reinforge_online.asgi.StreamResponse`).
+    """
     try:
         async for chunk in response.chunks():
             yield chunk
-    except UpstreamError:
-        return  # the status line is gone: the client sees a short body, as from the upstream itself
     finally:
         await response.aclose()

@@ -8,6 +8,7 @@ hook (two plugins claiming one name is an error naming both).
 from __future__ import annotations
 
 import hashlib
+import hmac
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ __all__ = [
     "SelectionRequest",
     "build_selection",
     "selection_registry",
+    "selection_secret",
     "session_of",
 ]
 
@@ -63,15 +65,18 @@ def session_of(headers: Mapping[str, str], body: Mapping[str, Any], header: str 
 class SamplingRate:
     """Sample a fraction ``p`` of sessions, sticky: a session is in or out for all its requests.
 
-    The decision is ``sha256(salt, session) < p`` as a fraction of 2**64, so it is the same
-    on every gateway replica with the same salt; a request without a session is drawn alone.
+    The decision is ``HMAC-SHA256(secret, salt, session) < p`` as a fraction of 2**64: the same on
+    every gateway replica with the same secret and salt, and not computable by a client, which cannot
+    know the secret (the gateway's comes from the environment, never from online.yaml). Without a
+    secret it is a plain SHA-256 of salt and session. A request without a session is drawn alone.
     """
 
-    def __init__(self, p: float, salt: str = "") -> None:
+    def __init__(self, p: float, salt: str = "", *, secret: bytes = b"") -> None:
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"SamplingRate: p must be in [0, 1], got {p}")
         self.p = p
         self.salt = salt.encode()
+        self.secret = secret
         self._random = random.Random()
 
     def decide(self, session_id: str | None) -> bool:
@@ -82,7 +87,11 @@ class SamplingRate:
             return False
         if session_id is None:
             return self._random.random() < self.p
-        digest = hashlib.sha256(self.salt + b"\x00" + session_id.encode()).digest()
+        message = self.salt + b"\x00" + session_id.encode()
+        if self.secret:
+            digest = hmac.new(self.secret, message, hashlib.sha256).digest()
+        else:
+            digest = hashlib.sha256(message).digest()
         return int.from_bytes(digest[:8], "big") < self.p * 2**64
 
     def select(self, request: SelectionRequest) -> bool:
@@ -114,20 +123,34 @@ def selection_registry(pm: pluggy.PluginManager | None = None) -> Registry:
     return registry
 
 
-def _builtin(settings: SelectionSettings) -> Selection | None:
+def selection_secret(feedback_secret: bytes) -> bytes:
+    """The gateway's sampling secret, derived from its feedback secret (shared by its replicas, never in the file)."""
+    return hmac.new(feedback_secret, b"reinforge-online selection", hashlib.sha256).digest()
+
+
+def _builtin(settings: SelectionSettings, secret: bytes) -> Selection | None:
     if settings.strategy == "sampling_rate":
-        return SamplingRate(settings.sampling_rate, settings.salt)
+        return SamplingRate(settings.sampling_rate, settings.salt, secret=secret)
     if settings.strategy == "explicit":
-        rate = SamplingRate(settings.sampling_rate, settings.salt) if settings.sampling_rate > 0 else None
+        rate = (
+            SamplingRate(settings.sampling_rate, settings.salt, secret=secret) if settings.sampling_rate > 0 else None
+        )
         return ExplicitMarking(settings.header, otherwise=rate)
     return None
 
 
 def build_selection(
-    settings: SelectionSettings, *, where: str = "online.yaml", pm: pluggy.PluginManager | None = None
+    settings: SelectionSettings,
+    *,
+    where: str = "online.yaml",
+    pm: pluggy.PluginManager | None = None,
+    secret: bytes = b"",
 ) -> Selection:
-    """The strategy ``settings`` name: a built-in, or one a plugin registered (built with ``selection.args``)."""
-    found = _builtin(settings)
+    """The strategy ``settings`` name: a built-in, or one a plugin registered (built with ``selection.args``).
+
+    ``secret`` keys the built-in sampling rate's hash (:func:`selection_secret`).
+    """
+    found = _builtin(settings, secret)
     if found is not None:
         if settings.args:
             raise ConfigError(f"{where}: selection.args: the {settings.strategy} strategy takes no args")

@@ -20,17 +20,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reinforge.plugin import ConfigError, Kind, Registry, ResolveError, resolve_ref
 
-from .config import CHAT_ROUTE, OnlineSettings
-from .pipeline import task_of
-from .proxy import UpstreamError
+from .config import CHAT_ROUTE, OnlineSettings, ShadowSettings
+from .pipeline import Pipeline, task_of
+from .proxy import Upstream, UpstreamError
 from .store import CallRecord
-
-if TYPE_CHECKING:
-    from .app import Gateway
+from .streams import logprobs_of
 
 __all__ = ["ShadowRunner", "resolve_tools"]
 
@@ -72,12 +70,26 @@ async def _run_tool(fn: Callable[..., Any], arguments: str) -> str:
 
 
 class ShadowRunner:
-    """The gateway's background shadow runs: a bounded queue and ``shadow.concurrency`` workers on its loop."""
+    """The gateway's background shadow runs: a bounded queue and ``shadow.concurrency`` workers on its loop.
 
-    def __init__(self, gateway: Gateway, tools: dict[str, Callable[..., Any]]) -> None:
-        self.gateway = gateway
-        self.settings = gateway.settings.shadow
-        self.tools = tools  # the allowlist, resolved (see resolve_tools)
+    :param policy: the policy's client; ``model``: the name sent to it (None: the client's).
+    :param pipeline: where calls are recorded, the breaker told and the runs counted.
+    :param settings: ``shadow``'s settings; ``tools``: the allowlist, resolved (see :func:`resolve_tools`).
+    """
+
+    def __init__(
+        self,
+        policy: Upstream,
+        model: str | None,
+        pipeline: Pipeline,
+        settings: ShadowSettings,
+        tools: dict[str, Callable[..., Any]],
+    ) -> None:
+        self.policy = policy
+        self.model = model
+        self.pipeline = pipeline
+        self.settings = settings
+        self.tools = tools
         self._queue: asyncio.Queue[tuple[dict[str, Any], str | None, str]] | None = None
         self._workers: list[asyncio.Task[None]] = []
         self.finished = 0  # shadow runs done (any result)
@@ -91,7 +103,7 @@ class ShadowRunner:
         try:
             self._queue.put_nowait((body, session, trace_id))
         except asyncio.QueueFull:
-            self.gateway.metrics.shadow.labels("dropped").inc()
+            self.pipeline.metrics.shadow.labels("dropped").inc()
             return False
         return True
 
@@ -109,17 +121,14 @@ class ShadowRunner:
             except Exception:  # noqa: BLE001 - a shadow run never affects anything else
                 _log.exception("a shadow run failed")
                 result = "failed"
-            self.gateway.metrics.shadow.labels(result).inc()
+            self.pipeline.metrics.shadow.labels(result).inc()
             with self._changed:
                 self.finished += 1
                 self._changed.notify_all()
 
     async def _run(self, body: dict[str, Any], session: str | None, trace_id: str) -> str:
         """One shadow run; its result: ``recorded``, ``stopped`` (a tool off the allowlist) or ``failed``."""
-        gw = self.gateway
-        up = gw.policy
-        assert up is not None and gw.settings.policy is not None
-        model = gw.settings.policy.model
+        up, pipeline, model = self.policy, self.pipeline, self.model
         messages = list(body.get("messages") or [])
         base = {k: v for k, v in body.items() if k not in _NOT_SENT}
         futures = []
@@ -142,10 +151,10 @@ class ShadowRunner:
                 message = dict(choice["message"])
             except Exception as exc:  # noqa: BLE001 - the policy's problem: counted, the breaker told
                 _log.warning("the policy failed a shadow run: %s: %s", type(exc).__name__, exc)
-                gw.pipeline.policy_failed()
+                pipeline.policy_failed()
                 result = "failed"
                 break
-            gw.pipeline.policy_ok()
+            pipeline.policy_ok()
             record = CallRecord(
                 trace_id=trace_id,
                 call_id=uuid.uuid4().hex,
@@ -156,12 +165,12 @@ class ShadowRunner:
                 session_id=session,
                 prompt_token_ids=data.get("prompt_token_ids"),
                 token_ids=choice.get("token_ids"),
-                logprobs=[float(e["logprob"]) for e in ((choice.get("logprobs") or {}).get("content") or ())] or None,
+                logprobs=logprobs_of(choice) or None,
                 policy_version=resp.header("x-policy-version"),
                 timing={"received_at": time.time(), "upstream_s": time.perf_counter() - sent},
                 task=task_of(body),
             )
-            future = gw.pipeline.record_future(record)
+            future = pipeline.record_future(record)
             if future is None:
                 result = "failed"
                 break
@@ -179,7 +188,7 @@ class ShadowRunner:
                 messages.append({"role": "tool", "tool_call_id": c.get("id"), "content": content})
         if futures:
             await asyncio.gather(*(asyncio.wrap_future(f) for f in futures), return_exceptions=True)
-            gw.pipeline.close_trace(trace_id)  # after its calls are in the store
+            pipeline.close_trace(trace_id)  # after its calls are in the store
         return result
 
     async def aclose(self) -> None:

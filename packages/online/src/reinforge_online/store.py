@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import queue
 import sqlite3
 import threading
@@ -32,7 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "CallRecord", "StoreUnavailable", "TraceClosed", "TraceStore", "open_store"]
 
-SCHEMA_VERSION = 1
+_log = logging.getLogger("reinforge_online.store")
+SCHEMA_VERSION = 2  # 2: calls.state (a stream's call is stored when it starts, completed when it ends)
 T = TypeVar("T")
 Write = Callable[[sqlite3.Connection], Any]
 
@@ -58,7 +60,8 @@ CREATE TABLE IF NOT EXISTS calls (
     prompt_token_ids TEXT,
     token_ids TEXT,
     logprobs TEXT,
-    timing TEXT NOT NULL
+    timing TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'complete'
 );
 CREATE INDEX IF NOT EXISTS calls_by_trace ON calls(trace_id);
 CREATE TABLE IF NOT EXISTS rewards (
@@ -93,6 +96,10 @@ def schema(*, real: str = "REAL", rowid: str = "") -> list[str]:
     return [statement.strip() for statement in text.split(";") if statement.strip()]
 
 
+# what each schema version adds to the one before (run in the migration's transaction)
+UPGRADES: dict[int, list[str]] = {2: ["ALTER TABLE calls ADD COLUMN state TEXT NOT NULL DEFAULT 'complete'"]}
+CALL_STATES = ("complete", "streaming", "aborted", "failed")
+
 PROBE_SQL = (
     "INSERT INTO meta (key, value) VALUES ('last_probe', ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 )
@@ -103,7 +110,14 @@ class TraceClosed(Exception):
 
 
 class StoreUnavailable(Exception):
-    """The write was not accepted (queue full, store closed or unhealthy) or did not commit."""
+    """The write was not accepted (queue full, store closed or unhealthy) or did not commit.
+
+    ``reason`` says which: ``queue_full``, ``closed``, ``unhealthy`` or ``write_failed``.
+    """
+
+    def __init__(self, message: str, reason: str = "write_failed") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -124,6 +138,7 @@ class CallRecord:
     timing: dict[str, float] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
     task: dict[str, Any] | None = None  # what the reward calculator's judges get as ``task`` (kept with the trace)
+    state: str = "complete"  # ``streaming`` until a stream's end is written (:func:`finish_call`)
 
     def write(self, db: sqlite3.Connection, max_calls: int | None = None) -> None:
         """Insert the call, and its trace unless the call continues one (which must still be open).
@@ -151,7 +166,7 @@ class CallRecord:
                 raise TraceClosed(f"trace {self.trace_id!r} has {n} calls, the most a trace may have")
         db.execute(
             "INSERT INTO calls (call_id, trace_id, created_at, policy_version, request, response, prompt_token_ids,"
-            " token_ids, logprobs, timing) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " token_ids, logprobs, timing, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 self.call_id,
                 self.trace_id,
@@ -163,8 +178,36 @@ class CallRecord:
                 _dumps_opt(self.token_ids),
                 _dumps_opt(self.logprobs),
                 _dumps(self.timing),
+                self.state,
             ),
         )
+
+    def finish(self, db: sqlite3.Connection, state: str) -> bool:
+        """A streamed call's end: its response, token ids and timing, and ``state`` (see :data:`CALL_STATES`).
+
+        Only a call still ``streaming`` is changed, and not once its trace is in a batch (what a batch
+        holds never changes under a resend); whether the call was changed.
+        """
+        row = db.execute(
+            "SELECT c.state, t.status FROM calls c JOIN traces t ON t.trace_id = c.trace_id WHERE c.call_id = ?",
+            (self.call_id,),
+        ).fetchone()
+        if row is None or row[0] != "streaming" or row[1] in ("committing", "committed"):
+            return False
+        db.execute(
+            "UPDATE calls SET response = ?, prompt_token_ids = ?, token_ids = ?, logprobs = ?, timing = ?, state = ?"
+            " WHERE call_id = ?",
+            (
+                _dumps(self.response),
+                _dumps_opt(self.prompt_token_ids),
+                _dumps_opt(self.token_ids),
+                _dumps_opt(self.logprobs),
+                _dumps(self.timing),
+                state,
+                self.call_id,
+            ),
+        )
+        return True
 
 
 def _dumps(value: Any) -> str:
@@ -218,7 +261,8 @@ def connect(path: str, busy_timeout_ms: int = 1000) -> sqlite3.Connection:
 
 
 def migrate(db: Any, where: str, statements: list[str], begin: str = "BEGIN IMMEDIATE") -> None:
-    """Create the tables if missing and record (or check) the schema version, in one transaction.
+    """Create the tables if missing, upgrade an older schema (:data:`UPGRADES`) and record (or check) the
+    schema version, in one transaction.
 
     ``begin`` starts it (statements separated by ``;``: it may take a lock, so that replicas starting
     together do not race).
@@ -236,6 +280,11 @@ def migrate(db: Any, where: str, statements: list[str], begin: str = "BEGIN IMME
             raise sqlite3.DatabaseError(
                 f"{where}: schema version {row[0]} is newer than this reinforge-online's ({SCHEMA_VERSION})"
             )
+        elif int(row[0]) < SCHEMA_VERSION:
+            for version in range(int(row[0]) + 1, SCHEMA_VERSION + 1):
+                for statement in UPGRADES.get(version, ()):
+                    db.execute(statement)
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION),))
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")
@@ -374,16 +423,19 @@ class TraceStore:
         :raises StoreUnavailable: the store is closed, unhealthy or its queue is full (the write is dropped).
         """
         if self._closed:
-            raise StoreUnavailable("the trace store is closed")
+            raise StoreUnavailable("the trace store is closed", "closed")
         if not self._healthy:
-            raise StoreUnavailable("the trace store is unhealthy (writes paused until a probe write succeeds)")
+            raise StoreUnavailable(
+                "the trace store is unhealthy (writes paused until a probe write succeeds)", "unhealthy"
+            )
         future: Future[Any] = Future()
         try:
             self._queue.put_nowait(_Item(write, future))
         except queue.Full:
             self._on_error("queue_full")
             self._set_healthy(False)
-            raise StoreUnavailable("the trace store's write queue is full") from None
+            _log.warning("the trace store's write queue is full (%d writes): writes pause", self._queue.maxsize)
+            raise StoreUnavailable("the trace store's write queue is full", "queue_full") from None
         return future
 
     def record(self, call: CallRecord) -> Future[Any]:
@@ -451,6 +503,9 @@ class TraceStore:
             self._maybe_sweep()
 
     def _commit(self, items: list[_Item]) -> None:
+        items = [item for item in items if item.future.set_running_or_notify_cancel()]  # not given up by its caller
+        if not items:
+            return
         db = self._db
         results: list[tuple[bool, Any]] = []
         try:
@@ -475,6 +530,13 @@ class TraceStore:
             self.commits += 1
         except Exception as exc:  # noqa: BLE001 - locked, full or broken: nothing of the group committed
             self._on_error("write_failed")
+            if self._healthy:
+                _log.warning(
+                    "the trace store could not commit %d writes (%s: %s); writes pause until a probe write commits",
+                    len(items),
+                    type(exc).__name__,
+                    exc,
+                )
             self._set_healthy(False)
             for item in items:
                 item.future.set_exception(StoreUnavailable(f"the trace store could not commit: {exc}"))
@@ -501,6 +563,7 @@ class TraceStore:
                 raise
         except Exception:  # noqa: BLE001 - still unhealthy; the next probe tries again
             return
+        _log.warning("the trace store commits again: writes resume")
         self._set_healthy(True)
 
     def close(self, timeout: float = 10.0) -> bool:
@@ -552,10 +615,11 @@ class TraceStore:
                 "token_ids": _loads_opt(c[6]),
                 "logprobs": _loads_opt(c[7]),
                 "timing": json.loads(c[8]),
+                "state": c[9],
             }
             for c in self._read(
                 "SELECT call_id, created_at, policy_version, request, response, prompt_token_ids, token_ids, logprobs,"
-                " timing FROM calls WHERE trace_id = ? ORDER BY created_at, rowid",
+                " timing, state FROM calls WHERE trace_id = ? ORDER BY created_at, rowid",
                 (trace_id,),
             )
         ]

@@ -17,7 +17,6 @@ so rewards, feedback and commits behave exactly as they do for HTTP traffic.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 import os
@@ -25,7 +24,6 @@ import secrets as _secrets
 import time
 import uuid
 from collections.abc import Mapping
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,7 +249,10 @@ class OnlineTrainer:
 
         :raises StoreUnavailable: the store does not take writes now.
         """
-        req = _feedback.parse({"trace_id": trace_id, "reward": reward, "idempotency_key": idempotency_key})
+        f = self.settings.feedback
+        req = _feedback.parse(
+            {"trace_id": trace_id, "reward": reward, "idempotency_key": idempotency_key}, f.reward_min, f.reward_max
+        )
         outcome = self.pipeline.feedback(req).result(self.stop_timeout_s)
         self.metrics.feedback.labels(str(outcome.status)).inc()
         return outcome
@@ -348,7 +349,6 @@ class OnlineChatModel:
         self.policy = _Target(policy) if policy is not None else None
         self.model = model
         self.policy_model = policy_model
-        self._last: Future[Any] | None = None
 
     async def chat(
         self,
@@ -416,15 +416,9 @@ class OnlineChatModel:
             timing={"received_at": time.time(), "upstream_s": time.perf_counter() - sent},
             task=task,
         )
-        future = pl.record_future(record)
-        if future is not None:
+        if await pl.acknowledge(record):  # durable before the caller learns its trace id
             out.trace_id, out.feedback_token = tid, pl.feedback_token(tid)
-            self._last = future
         return out
 
     async def wait_recorded(self) -> None:
-        """Wait until the last recorded call is acknowledged by the store (a drop is not an error)."""
-        last = self._last
-        if last is not None:
-            with contextlib.suppress(Exception):  # a dropped call was counted where it happened
-                await asyncio.wrap_future(last)
+        """Kept for callers of 0.1: :meth:`chat` returns once its call is acknowledged (a no-op now)."""
