@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -59,7 +62,11 @@ class Fake:
     def __init__(self) -> None:
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.fail = False
-        self.behaviour = "ok"  # the policy's: "garbage" (200, not JSON) or "error_event" (a stream that fails)
+        # "garbage" (200, not JSON), "error_event" (a stream that fails), "reject" (400), "json_stream" (a stream
+        # request answered with a JSON 200), "empty_stream" (an SSE 200 without events), "break" (a stream, or a
+        # body, that stops mid-way: the connection closes), "stall" (a stream that waits for ``hold`` after its
+        # first chunk), "hang" (answers once ``hold`` is set)
+        self.behaviour = "ok"
         self.hold = threading.Event()  # with behaviour "hang": answers once it is set
         self.arrived = threading.Condition()
 
@@ -79,19 +86,38 @@ class Fake:
         return [json.loads(raw) for _, raw in self.requests if raw]
 
 
+class BrokeOff(Exception):
+    """Raised by a fake's body mid-way: uvicorn closes the connection without the final chunk."""
+
+
+def _cut(chunks: list[bytes], behaviour: str, hold: threading.Event) -> AsyncIterator[bytes]:
+    """``chunks`` as a body: cut after the second with ``break``; waiting after the first with ``stall``."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for i, c in enumerate(chunks):
+            if behaviour == "break" and i == 2:
+                raise BrokeOff("the fake breaks off here")
+            if behaviour == "stall" and i == 1:
+                await asyncio.to_thread(hold.wait, 60)
+            yield c
+
+    return body()
+
+
 class FakeUpstream(Fake):
     def app(self) -> Starlette:
         async def chat(request: Request) -> Response:
             raw = await self._record(request)
             if self.fail:
                 return JSONResponse({"error": {"message": "upstream broke"}}, status_code=500)
+            if self.behaviour == "reject":
+                return JSONResponse({"error": {"message": "upstream refuses it"}}, status_code=400)
             if self.behaviour == "hang":
                 await asyncio.to_thread(self.hold.wait, 30)
             if json.loads(raw).get("stream"):
 
-                async def chunks() -> AsyncIterator[bytes]:
-                    for c in UPSTREAM_CHUNKS:
-                        yield c
+                def chunks() -> AsyncIterator[bytes]:
+                    return _cut(UPSTREAM_CHUNKS, self.behaviour, self.hold)
 
                 return StreamingResponse(
                     chunks(), media_type="text/event-stream", headers={"x-upstream": "yes", "x-request-id": "r1"}
@@ -126,14 +152,20 @@ class FakePolicy(Fake):
                 return JSONResponse({"error": {"message": "policy broke"}}, status_code=503)
             if self.behaviour == "garbage":
                 return Response(b"<html>oops</html>", media_type="application/json")
+            if self.behaviour == "reject":
+                return JSONResponse({"error": {"message": "the policy refuses it"}}, status_code=400)
             if self.behaviour == "hang":
                 await asyncio.to_thread(self.hold.wait, 30)
             body = json.loads(raw)
             ids, lp = body.get("return_token_ids"), body.get("logprobs")
             headers = {"x-policy-version": POLICY_VERSION}
+            if body.get("stream") and self.behaviour == "json_stream":
+                return JSONResponse({"id": "x", "object": "chat.completion", "choices": []}, headers=headers)
+            if body.get("stream") and self.behaviour == "empty_stream":
+                return Response(b"", media_type="text/event-stream", headers=headers)
             if body.get("stream"):
 
-                async def chunks() -> AsyncIterator[bytes]:
+                async def events() -> AsyncIterator[bytes]:
                     def env(choices: list[dict[str, Any]], **extra: Any) -> bytes:
                         c = {"id": "chatcmpl-pol", "object": "chat.completion.chunk", "created": 1, "model": "pol"}
                         return b"data: " + json.dumps({**c, "choices": choices, **extra}).encode() + b"\n\n"
@@ -152,6 +184,11 @@ class FakePolicy(Fake):
                     else:
                         yield env([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}])
                     yield b"data: [DONE]\n\n"
+
+                async def chunks() -> AsyncIterator[bytes]:
+                    pieces = [e async for e in events()]
+                    async for piece in _cut(pieces, self.behaviour, self.hold):
+                        yield piece
 
                 return StreamingResponse(chunks(), media_type="text/event-stream", headers=headers)
             choice: dict[str, Any] = {
@@ -248,12 +285,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def settings(upstream_url: str, policy_url: str | None, store: Path, **overrides: Any) -> OnlineSettings:
+def settings(upstream_url: str, policy_url: str | None, store_path: Path, /, **overrides: Any) -> OnlineSettings:
+    """A gateway's settings for the tests (rate limits off unless ``limits`` names them)."""
     data: dict[str, Any] = {
         "upstream": {"url": upstream_url},
         "auth": {"traffic_key_env": "T", "admin_key_env": "A", "feedback_secret_env": "F"},
-        "store": {"path": str(store), "probe_interval_s": 0.05, "busy_timeout_ms": 50},
+        "store": {"path": str(store_path), "probe_interval_s": 0.05, "busy_timeout_ms": 50},
         "selection": {"sampling_rate": 0.0},
+        "limits": {"requests_per_s": None},
     }
     if policy_url is not None:
         data["policy"] = {"url": policy_url, "model": "pol"}
@@ -375,3 +414,57 @@ def open_store_at(spec: dict[str, Any], **options: Any) -> Any:
     from reinforge_online.pgstore import PostgresTraceStore
 
     return PostgresTraceStore(spec["url"], password=spec["password"], **options)
+
+
+REINFORGE = [sys.executable, "-c", "import sys; from reinforge.cli import main; sys.exit(main())"]
+
+
+class GatewayProcess:
+    """``reinforge online serve CONFIG`` in a process of its own, as a user runs it; its stderr kept.
+
+    ``with GatewayProcess(path, env) as gw:`` waits until uvicorn listens; leaving kills it if it still runs.
+    """
+
+    def __init__(self, config: Path, env: dict[str, str] | None = None, *args: str) -> None:
+        self.config = config
+        self.env = {**os.environ, "REINFORGE_LOAD_PLUGINS": "reinforge-online", **(env or {})}
+        self.args = args
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self.proc: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> GatewayProcess:
+        self.proc = subprocess.Popen(
+            [*REINFORGE, "online", "serve", str(self.config), "--log-level", "info", *self.args],
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
+
+        def watch() -> None:
+            assert self.proc is not None and self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.lines.append(line)
+                if "Uvicorn running on" in line:  # bound and listening
+                    self.ready.set()
+            self.ready.set()  # it exited
+
+        self.watcher = threading.Thread(target=watch, daemon=True)
+        self.watcher.start()
+        assert self.ready.wait(60) and self.proc.poll() is None, "".join(self.lines)
+        return self
+
+    @property
+    def output(self) -> str:
+        self.watcher.join(10)  # everything it wrote, once it exited
+        return "".join(self.lines)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(30)
+
+
+def write_config(path: Path, data: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(data))
+    return path

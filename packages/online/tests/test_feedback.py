@@ -114,7 +114,9 @@ def test_rejected_and_unchanged_feedback_leaves_no_rows(server):
     assert send(server, {"trace_id": trace_id, "reward": 1.0, "idempotency_key": "k0"}, token).status_code == 200
     for i in range(1, 30):
         reward = 0.0 if i % 2 else 1.0  # conflicts (409) and repeats (unchanged), each with a fresh key
-        assert send(server, {"trace_id": trace_id, "reward": reward, "idempotency_key": f"k{i}"}, token).status_code in (
+        assert send(
+            server, {"trace_id": trace_id, "reward": reward, "idempotency_key": f"k{i}"}, token
+        ).status_code in (
             200,
             409,
         )

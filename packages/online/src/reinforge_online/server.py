@@ -10,6 +10,7 @@ logged), and the signal is not re-raised (uvicorn would make the status -15).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -26,6 +27,15 @@ __all__ = ["GatewayServer", "serve"]
 _log = logging.getLogger("reinforge_online")
 CONNECTIONS_SHARE = 0.5  # of shutdown_timeout_s: open connections may finish within this
 DRAIN_END = 0.9  # ... and the pipeline's close must end by this share
+
+
+class _CancelledAtShutdown(logging.Filter):
+    """uvicorn logs a traceback for every request task its graceful-shutdown timeout cancels; its own line
+    ("Cancel N running task(s) ...") already says what happened, so those tracebacks are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, asyncio.CancelledError) and "graceful shutdown" in str(exc))
 
 
 class GatewayServer(uvicorn.Server):
@@ -76,6 +86,7 @@ def serve(app: Any, host: str, port: int, *, shutdown_timeout_s: float, log_leve
         timeout_graceful_shutdown=max(0.5, CONNECTIONS_SHARE * shutdown_timeout_s),
     )
     server = GatewayServer(config, shutdown_timeout_s)
+    logging.getLogger("uvicorn.error").addFilter(_CancelledAtShutdown())
     app.state.shutdown_budget_s = server.drain_budget
     server.run()
     drained = app.state.drained
