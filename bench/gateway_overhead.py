@@ -886,6 +886,7 @@ def build(args: argparse.Namespace, work: Path) -> tuple[list[Server], list[Targ
             "mode": "route",
             "selection": {"sampling_rate": 1.0 if sampled else 0.0, "salt": "gwbench"},
             "store": {"path": f"traces-{name}.sqlite"},
+            "limits": {"requests_per_s": None},  # one load client address: the default per-client limit would 429
             "committer": {"kind": "none"},
         }
         cfg = work / f"online-{name}.yaml"

@@ -222,3 +222,25 @@ def test_sampling_is_keyed_by_the_servers_secret_not_the_files_salt(tmp_path, up
             )
     assert decisions[0] != decisions[1]
     assert 0 < sum(decisions[0]) < 24 and 0 < sum(decisions[1]) < 24
+
+
+def test_a_stream_that_broke_off_is_not_judged_as_a_whole_answer(gateway, fakes):
+    fakes[1].behaviour = "break"
+    server = gateway(selection={"sampling_rate": 1.0}, reward={"judges": ["online_testlib:const_judge"]})
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        HTTP.stream(
+            "POST",
+            f"{server.v1}/chat/completions",
+            json={"model": "m", "messages": MESSAGES, "stream": True},
+            headers=AUTH,
+        ) as r,
+    ):
+        trace_id = r.headers["x-reinforge-trace-id"]
+        r.read()
+    rewards = gw(server).pipeline.rewards
+    assert rewards.wait_results(1, timeout=10), rewards.results
+    assert rewards.results == {"unrewarded/incomplete": 1}
+    gw(server).store.submit(lambda db: None).result(10)  # the mark is written
+    trace = gw(server).store.trace(trace_id)
+    assert trace["status"] == "unrewarded" and trace["reward"] is None  # never a reward for half an answer

@@ -138,12 +138,13 @@ def _mark_unrewarded(db: sqlite3.Connection, trace_id: str, reason: str, error: 
     return True
 
 
-def _open_traces(db: sqlite3.Connection, limit: int) -> list[tuple[str, float]]:
-    """Up to ``limit`` open traces, oldest first, with the time of their last call (to score after a restart)."""
+def _open_traces(db: sqlite3.Connection, limit: int, before: float) -> list[tuple[str, float]]:
+    """Up to ``limit`` open traces created before ``before`` (this start), oldest first, with the time of their
+    last call (to score after a restart; traces this process opens are scheduled as their calls arrive)."""
     rows = db.execute(
         "SELECT t.trace_id, MAX(c.created_at) FROM traces t JOIN calls c ON c.trace_id = t.trace_id"
-        " WHERE t.status = 'open' GROUP BY t.trace_id ORDER BY MAX(c.created_at) LIMIT ?",
-        (limit,),
+        " WHERE t.status = 'open' AND t.created_at < ? GROUP BY t.trace_id ORDER BY MAX(c.created_at) LIMIT ?",
+        (before, limit),
     ).fetchall()
     return [(str(r[0]), float(r[1])) for r in rows]
 
@@ -180,7 +181,8 @@ class RewardCalculator:
     """Scores closed traces with a composer on its own thread; results go to the store (see the module docstring).
 
     :param on_result: called with ``("rewarded", None)``, ``("unrewarded", reason)`` or ``("skipped", None)``
-        for every trace it looked at (reasons: ``failed``, ``error``, ``not_finite``, ``queue_full``, ``store``).
+        for every trace it looked at (reasons: ``failed``, ``error``, ``not_finite``, ``queue_full``, ``store``,
+        ``incomplete``).
     """
 
     def __init__(
@@ -213,9 +215,11 @@ class RewardCalculator:
         self._done = threading.Condition()
         self.results: dict[str, int] = {}  # "rewarded", "skipped", "unrewarded/<reason>" -> how many
         self._stopping = False
+        self._started_at = time.time()
 
     def start(self) -> RewardCalculator:
         """Start the thread and schedule the traces a previous process left open."""
+        self._started_at = time.time()  # before any traffic: traces older than this are a previous process's
         self._thread.start()
         self._loop.call_soon_threadsafe(self._resume)
         return self
@@ -227,7 +231,8 @@ class RewardCalculator:
 
     def _resume(self) -> None:
         try:
-            future = self.store.submit(lambda db: _open_traces(db, self.queue_size))
+            started = self._started_at
+            future = self.store.submit(lambda db: _open_traces(db, self.queue_size, started))
         except StoreUnavailable:
             return
 
@@ -357,6 +362,10 @@ class RewardCalculator:
         trace = await asyncio.to_thread(self.store.trace, trace_id)
         if trace is None or trace["status"] != "open" or not trace["calls"]:
             self._count("skipped")  # rewarded by feedback first, committed, or swept
+            return
+        last = trace["calls"][-1].get("state", "complete")
+        if last != "complete":  # a stream that broke off, failed or never ended: its answer is not whole
+            self._unrewarded(trace_id, "incomplete", f"the trace's last call is {last}, not complete")
             return
         task, response = judge_inputs(trace)
         try:

@@ -41,6 +41,9 @@ class _CancelledAtShutdown(logging.Filter):
 class GatewayServer(uvicorn.Server):
     """``uvicorn.Server`` whose shutdown is bounded (see the module docstring)."""
 
+    should_exit: bool  # uvicorn's own flags, set here too
+    force_exit: bool
+
     def __init__(self, config: uvicorn.Config, shutdown_timeout_s: float) -> None:
         super().__init__(config)
         self.shutdown_timeout_s = shutdown_timeout_s
