@@ -262,3 +262,11 @@ def test_from_config_uses_the_files_store_selection_and_rewards(tmp_path):
         assert t.pipeline.rewards is not None and t.pipeline.rewards.wait_results(1, timeout=10)
         t.store.submit(lambda db: None).result(10)
         assert t.store.trace(reply.trace_id)["reward"] == 1.0
+
+
+def test_from_config_names_the_file_in_a_committers_errors(tmp_path):
+    (tmp_path / "online.yaml").write_text(
+        "upstream: {url: 'http://127.0.0.1:9/v1'}\nmode: record\ncommitter: {kind: sink, args: {path: 3}}\n"
+    )
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'online.yaml'}: committer.args.path: expected a string"):
+        OnlineTrainer.from_config(tmp_path / "online.yaml")

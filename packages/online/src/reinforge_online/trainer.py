@@ -93,6 +93,7 @@ class OnlineTrainer:
         its password from libpq's ``PGPASSWORD`` or ``.pgpass``, never in the URL).
     :param settings: a whole ``online.yaml``'s settings instead (:meth:`from_config`); the keywords above
         are then ignored.
+    :param where: what error messages name first (default ``OnlineTrainer()``; :meth:`from_config`: the file).
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class OnlineTrainer:
         stop_timeout_s: float = 10.0,
         settings: OnlineSettings | None = None,
         metrics: Metrics | None = None,
+        where: str = _WHERE,
         **moved: Any,
     ) -> None:
         for name in moved:
@@ -196,13 +198,14 @@ class OnlineTrainer:
             redact=redact,
             committer=given,
             committer_context=context,
-            where=_WHERE,
+            where=where,
         )
         self._stopped = False
 
     @classmethod
     def from_config(cls, path: str | Path, **kwargs: Any) -> OnlineTrainer:
         """A trainer with the store, selection, rewards and committer of an ``online.yaml``."""
+        kwargs.setdefault("where", str(path))
         return cls(settings=load_config(path, dev=True), **kwargs)
 
     # -- lifecycle ------------------------------------------------------------------------------
