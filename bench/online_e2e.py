@@ -336,8 +336,8 @@ def gateway_config(work: Path, port: int, serve: str, upstream: str, args: argpa
             "kind": "local",
             "interval_s": args.commit_s,
             "min_traces": args.min_traces,  # ... or as soon as this many traces got their rewards
-            "path": str(work / "online-run"),
-            "local": {
+            "args": {  # the local committer's own settings (reinforge-backend-local's LocalCommitterSettings)
+                "run_dir": str(work / "online-run"),
                 "admin_key_env": "E2E_SERVE_ADMIN",
                 "model": SERVED,
                 "learning_rate": args.lr,

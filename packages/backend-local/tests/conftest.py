@@ -2,6 +2,8 @@ import os
 
 import pytest
 
+from reinforge.testing.plugin import reinforge_pm  # noqa: F401
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 

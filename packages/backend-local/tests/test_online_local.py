@@ -1,8 +1,9 @@
 """reinforge-online's ``local`` committer with its real parts: the real SmolLM2 served by ``reinforge serve``
-(uvicorn on 127.0.0.1), the real gateway in front of it, the openai client, feedback over HTTP, and the real
+(uvicorn on 127.0.0.1), the real gateway in front of it (the committer found through online's
+``register_committers`` hook), the openai client, feedback over HTTP, and the real
 :class:`~reinforge_backend_local.adapter_trainer.AdapterTrainer` in the committer's spawned worker process.
 
-The online package's own tests run the same sink with a scripted trainer; here torch is installed.
+``test_online_committer.py`` runs the same committer with a scripted trainer.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def test_traffic_through_the_gateway_trains_and_swaps_the_served_adapter(
 
     from reinforge.plugin import load_settings
     from reinforge_backend_local.adapter_trainer import AdapterTrainer
+    from reinforge_backend_local.online_committer import LocalCommitter
     from reinforge_online.app import build_app
     from reinforge_online.config import OnlineSettings, resolve_secrets
 
@@ -63,8 +65,8 @@ def test_traffic_through_the_gateway_trains_and_swaps_the_served_adapter(
             "kind": "local",
             "interval_s": 600,  # only the trace count triggers the commit here
             "min_traces": 4,
-            "path": str(run),
-            "local": {
+            "args": {
+                "run_dir": str(run),
                 "model": str(model_folder),
                 "admin_key_env": "SWAP",
                 "learning_rate": 1e-3,
@@ -102,12 +104,13 @@ def test_traffic_through_the_gateway_trains_and_swaps_the_served_adapter(
                 timeout=30,
             )
             assert r.status_code == 200, r.text
+        outbox = gateway.pipeline.outbox
+        assert outbox is not None and outbox.wait_committed(1, timeout=300), "no batch was committed"
         committer = gateway.pipeline.committer
-        assert committer is not None and committer.wait_committed(1, timeout=300), "no batch was committed"
-        sink = committer.sink
-        (batch_id,) = committer.committed
+        assert isinstance(committer, LocalCommitter) and committer is outbox.committer
+        (batch_id,) = outbox.committed
         # the worker trained one update on the four recorded calls, then the server loaded its checkpoint
-        result = sink.last
+        result = committer.last
         assert result["trained"] and result["step"] == 1 and result["samples"] == 4
         # on-policy: the trainer's recomputed logprobs at the request's temperature match the served ones
         assert result["metrics"]["ratio/mean"] == pytest.approx(1.0, abs=2e-3)

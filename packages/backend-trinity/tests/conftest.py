@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
+from reinforge.testing.plugin import reinforge_pm  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[3]
 MATH = REPO / "examples" / "math"
 

@@ -156,7 +156,7 @@ def test_an_unknown_trace_is_404(gateway):
 def test_a_committed_trace_is_409(gateway, tmp_path: Path):
     server = gateway(
         selection={"sampling_rate": 1.0},
-        committer={"kind": "sink", "path": str(tmp_path / "out"), "min_traces": 1, "interval_s": 3600},
+        committer={"kind": "sink", "args": {"path": str(tmp_path / "out")}, "min_traces": 1, "interval_s": 3600},
     )
     trace_id, token = sampled(server)
     fb = HTTP.post(
@@ -165,7 +165,7 @@ def test_a_committed_trace_is_409(gateway, tmp_path: Path):
         headers={"x-reinforge-feedback-token": token},
     )
     assert fb.status_code == 200
-    assert gw(server).committer.wait_committed(1, timeout=10)
+    assert gw(server).pipeline.outbox.wait_committed(1, timeout=10)
     r = close(server, trace_id, token)
     assert r.status_code == 409, r.text
     assert r.json()["error"]["code"] == "trace_committed" and r.json()["error"]["type"] == "conflict_error"

@@ -18,8 +18,8 @@ from test_committer import reward
 from test_store import call
 
 from reinforge.plugin import ConfigError
-from reinforge_online.committer import Committer
 from reinforge_online.config import load_config
+from reinforge_online.outbox import Outbox
 from reinforge_online.store import TraceStore
 
 pytestmark = pytest.mark.postgres
@@ -71,20 +71,20 @@ def test_two_replicas_never_claim_or_send_the_same_trace(pg_server, pg_url):
             a.record(call(i)).result(10)
         for i in range(120):
             reward(b if i % 2 else a, f"t{i}", 1.0)
-        committers = [Committer(s, RecordingSink(seen, lock), max_traces=7) for s in (a, b)]
+        outboxes = [Outbox(s, RecordingSink(seen, lock), max_traces=7) for s in (a, b)]
         start = threading.Barrier(2)
 
-        def drain(committer: Committer) -> list[str]:
+        def drain(outbox: Outbox) -> list[str]:
             start.wait(10)
             done: list[str] = []
             while True:
-                sent = committer.run_once()
+                sent = outbox.run_once()
                 if not sent:
                     return done
                 done += sent
 
         with ThreadPoolExecutor(2) as pool:
-            sent_a, sent_b = pool.map(drain, committers)
+            sent_a, sent_b = pool.map(drain, outboxes)
         batches = [batch for batch, _ in seen]
         traces = [t for _, ids in seen for t in ids]
         assert len(batches) == len(set(batches)) == len(sent_a) + len(sent_b)  # every batch sent once
@@ -108,25 +108,25 @@ def test_a_batch_being_sent_is_left_alone_and_resent_once_its_replica_is_gone(pg
         sink_a, sink_b = RecordingSink(seen, lock), RecordingSink(seen, lock)
         sink_a.hold = threading.Event()
         with ThreadPoolExecutor(1) as pool:
-            sending = pool.submit(Committer(a, sink_a).run_once)
+            sending = pool.submit(Outbox(a, sink_a).run_once)
             assert sink_a.entered.wait(10)  # replica a is sending its batch
-            assert Committer(b, sink_b).run_once() == []  # ... so b neither resends nor claims it
+            assert Outbox(b, sink_b).run_once() == []  # ... so b neither resends nor claims it
             sink_a.hold.set()
             (batch,) = sending.result(10)
-        assert Committer(b, sink_b).run_once() == [] and seen == [(batch, ["t0", "t1", "t2"])]
+        assert Outbox(b, sink_b).run_once() == [] and seen == [(batch, ["t0", "t1", "t2"])]
 
         a.record(call(5)).result(10)
         reward(a, "t5", 1.0)
         sink_a.fail = True
         with pytest.raises(OSError):
-            Committer(a, sink_a).run_once()  # claimed, not sent: left committing, a still holds it
+            Outbox(a, sink_a).run_once()  # claimed, not sent: left committing, a still holds it
         (stuck,) = [bid for bid in [b.trace("t5")["batch_id"]] if bid]
         assert b.batch_state(stuck) == "committing"
-        assert Committer(b, sink_b).run_once() == []  # a is alive and will retry it itself
+        assert Outbox(b, sink_b).run_once() == []  # a is alive and will retry it itself
         (writer_pid,) = a._db.execute("SELECT pg_backend_pid()").fetchone()
         assert a.close()  # a replica gone: its session, and its locks, with it ...
         assert wait_gone(pg_server, writer_pid)  # ... once the server has ended that session
-        assert Committer(b, sink_b).run_once() == [stuck]  # resent with the same id, once
+        assert Outbox(b, sink_b).run_once() == [stuck]  # resent with the same id, once
         assert seen[-1] == (stuck, ["t5"]) and len(seen) == 2
         assert b.batch_state(stuck) == "committed"
     finally:
@@ -242,7 +242,7 @@ def test_the_python_api_takes_a_postgres_url(pg_server, pg_url, tmp_path, monkey
     from reinforge_online.pgstore import PostgresTraceStore
 
     monkeypatch.setenv("PGPASSWORD", pg_server.password)  # libpq's own variable
-    trainer = OnlineTrainer(backend="none", store=pg_url, batches=tmp_path / "batches").start()
+    trainer = OnlineTrainer("none", store=pg_url).start()
     try:
         assert isinstance(trainer.store, PostgresTraceStore)
         trainer.store.record(call(1)).result(10)

@@ -71,7 +71,7 @@ def test_a_judge_that_keeps_failing_leaves_the_trace_unrewarded_never_zero(gatew
     server = gateway(
         **sampled(
             reward={"judges": [{"ref": "online_testlib:FailsFirst", "args": {"failures": 99}}], "max_retries": 2},
-            committer={"kind": "sink", "path": str(tmp_path / "out"), "min_traces": 1, "interval_s": 3600},
+            committer={"kind": "sink", "args": {"path": str(tmp_path / "out")}, "min_traces": 1, "interval_s": 3600},
         )
     )
     r = ask(server)
@@ -163,11 +163,11 @@ def test_judge_rewards_are_committed_like_feedback(gateway, tmp_path):
     server = gateway(
         **sampled(
             reward={"judges": ["exact_match"]},
-            committer={"kind": "sink", "path": str(out), "min_traces": 2, "interval_s": 3600},
+            committer={"kind": "sink", "args": {"path": str(out)}, "min_traces": 2, "interval_s": 3600},
         )
     )
     ids = {ask(server).headers["x-reinforge-trace-id"] for _ in range(2)}
-    assert gw(server).committer.wait_committed(1, timeout=10)
+    assert gw(server).pipeline.outbox.wait_committed(1, timeout=10)
     (batch,) = out.glob("batch-*.jsonl")
     rows = [json.loads(line) for line in batch.read_text().splitlines()]
     assert {row["trace_id"] for row in rows} == ids

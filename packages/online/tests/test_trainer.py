@@ -16,7 +16,7 @@ from online_testlib import POLICY_PROMPT_IDS, POLICY_TOKENS, UPSTREAM_KEY
 from reinforge import ChatModel, JudgeOutput
 from reinforge.plugin import ConfigError
 from reinforge_online import ApiError, ExplicitMarking, OnlineTrainer, SamplingRate
-from reinforge_online.committer import JsonlSink
+from reinforge_online.sink import JsonlCommitter
 
 MESSAGES = [{"role": "user", "content": "2+2?"}]
 
@@ -48,12 +48,14 @@ def right_answer(task: dict, response: Any) -> JudgeOutput:
 
 def trainer(tmp_path: Path, **kw: Any) -> OnlineTrainer:
     kw.setdefault("selection", SamplingRate(1.0))
-    return OnlineTrainer(store=tmp_path / "traces.sqlite", batches=tmp_path / "batches", **kw)
+    if kw.get("committer", "sink") == "sink":
+        kw.setdefault("committer_args", {"path": str(tmp_path / "batches")})
+    return OnlineTrainer(store=tmp_path / "traces.sqlite", **kw)
 
 
 def test_sampled_calls_are_recorded_rewarded_and_committed_in_process(tmp_path):
     upstream, policy = Scripted("5"), Scripted("4", token_ids=True)
-    t = trainer(tmp_path, backend="sink", reward=right_answer, commit_interval_s=3600, min_traces=2).start()
+    t = trainer(tmp_path, committer="sink", reward=right_answer, commit_interval_s=3600, min_traces=2).start()
     try:
         model = t.chat_model(upstream=upstream, policy=policy, model="gpt-up", policy_model="pol")
         assert isinstance(model, ChatModel)  # what a reinforge workflow takes
@@ -65,7 +67,7 @@ def test_sampled_calls_are_recorded_rewarded_and_committed_in_process(tmp_path):
         assert [r.content for r in replies] == ["4", "4"] and upstream.bodies == []
         assert all(r.sampled and r.trace_id and r.completion_token_ids == [7, 8] for r in replies)
         assert policy.bodies[0]["model"] == "pol" and policy.bodies[0]["return_token_ids"] is True
-        assert t.pipeline.committer is not None and t.pipeline.committer.wait_committed(1, timeout=10)
+        assert t.pipeline.outbox is not None and t.pipeline.outbox.wait_committed(1, timeout=10)
         (batch,) = (tmp_path / "batches").glob("batch-*.jsonl")
         rows = [json.loads(line) for line in batch.read_text().splitlines()]
         assert {r["trace_id"] for r in rows} == {r.trace_id for r in replies}
@@ -77,7 +79,7 @@ def test_sampled_calls_are_recorded_rewarded_and_committed_in_process(tmp_path):
 
 def test_unsampled_calls_go_to_the_upstream_untouched_and_are_not_recorded(tmp_path):
     upstream, policy = Scripted("5"), Scripted("4")
-    with trainer(tmp_path, backend="none", selection=SamplingRate(0.0)) as t:
+    with trainer(tmp_path, committer="none", selection=SamplingRate(0.0)) as t:
         model = t.chat_model(upstream=upstream, policy=policy, model="gpt-up")
         reply = asyncio.run(model.chat(MESSAGES, temperature=0.2))
         assert reply.content == "5" and not reply.sampled and reply.trace_id is None
@@ -89,7 +91,7 @@ def test_unsampled_calls_go_to_the_upstream_untouched_and_are_not_recorded(tmp_p
 
 def test_explicit_marking_sees_the_headers_given(tmp_path):
     upstream, policy = Scripted("5"), Scripted("4")
-    with trainer(tmp_path, backend="none", selection=ExplicitMarking()) as t:
+    with trainer(tmp_path, committer="none", selection=ExplicitMarking()) as t:
         model = t.chat_model(upstream=upstream, policy=policy)
         marked = asyncio.run(model.chat(MESSAGES, headers={"X-Reinforge-Sample": "1"}))
         plain = asyncio.run(model.chat(MESSAGES))
@@ -98,7 +100,7 @@ def test_explicit_marking_sees_the_headers_given(tmp_path):
 
 def test_a_policy_that_fails_falls_back_to_the_upstream_and_trips_the_breaker(tmp_path):
     upstream, policy = Scripted("5"), Scripted("4", fail=True)
-    with trainer(tmp_path, backend="none") as t:
+    with trainer(tmp_path, committer="none") as t:
         model = t.chat_model(upstream=upstream, policy=policy)
         reply = asyncio.run(model.chat(MESSAGES))
         assert reply.content == "5" and not reply.sampled
@@ -108,7 +110,7 @@ def test_a_policy_that_fails_falls_back_to_the_upstream_and_trips_the_breaker(tm
 
 def test_an_episode_is_one_trace_judged_once_when_closed(tmp_path):
     upstream, policy = Scripted("5"), Scripted("4")
-    with trainer(tmp_path, backend="none", reward=right_answer, close_after_s=3600) as t:
+    with trainer(tmp_path, committer="none", reward=right_answer, close_after_s=3600) as t:
         model = t.chat_model(upstream=upstream, policy=policy)
 
         async def agent() -> str:
@@ -129,7 +131,7 @@ def test_an_episode_is_one_trace_judged_once_when_closed(tmp_path):
 
 def test_feedback_in_process_follows_the_gateways_rules(tmp_path):
     upstream, policy = Scripted("5"), Scripted("4")
-    with trainer(tmp_path, backend="none", reward_range=(0.0, 1.0)) as t:
+    with trainer(tmp_path, committer="none", reward_range=(0.0, 1.0)) as t:
         model = t.chat_model(upstream=upstream, policy=policy)
         reply = asyncio.run(model.chat(MESSAGES))
         assert reply.trace_id is not None
@@ -143,8 +145,8 @@ def test_feedback_in_process_follows_the_gateways_rules(tmp_path):
         assert t.feedback("nope", 1.0).status == 404
 
 
-class DownSink:
-    """A backend that is down: every send raises (or blocks until ``release`` is set)."""
+class DownCommitter:
+    """A committer that is down: every send raises (or blocks until ``release`` is set)."""
 
     def __init__(self, block: bool = False) -> None:
         self.block = block
@@ -160,8 +162,8 @@ class DownSink:
 
 def test_stop_never_raises_when_the_backend_is_down_and_the_batch_is_resent_after(tmp_path):
     upstream, policy = Scripted("5"), Scripted("4")
-    down = DownSink()
-    t = trainer(tmp_path, backend=down, commit_interval_s=3600, min_traces=1000).start()
+    down = DownCommitter()
+    t = trainer(tmp_path, committer=down, commit_interval_s=3600, min_traces=1000).start()
     model = t.chat_model(upstream=upstream, policy=policy)
     reply = asyncio.run(model.chat(MESSAGES))
     assert reply.trace_id is not None and t.feedback(reply.trace_id, 1.0).status == 200
@@ -170,18 +172,18 @@ def test_stop_never_raises_when_the_backend_is_down_and_the_batch_is_resent_afte
     assert t.stop() is True  # a second stop has nothing left to do
     after = asyncio.run(model.chat(MESSAGES))  # fail-open: a stopped trainer no longer samples
     assert after.content == "5" and not after.sampled
-    again = trainer(tmp_path, backend=JsonlSink(tmp_path / "batches"), commit_interval_s=3600).start()
+    again = trainer(tmp_path, committer=JsonlCommitter(tmp_path / "batches"), commit_interval_s=3600).start()
     try:
-        assert again.pipeline.committer is not None and again.pipeline.committer.wait_committed(1, timeout=10)
-        assert again.pipeline.committer.committed == [stuck]  # the same id
+        assert again.pipeline.outbox is not None and again.pipeline.outbox.wait_committed(1, timeout=10)
+        assert again.pipeline.outbox.committed == [stuck]  # the same id
     finally:
         again.stop()
 
 
 def test_stop_keeps_its_deadline_when_the_backend_hangs(tmp_path):
     upstream, policy = Scripted("5"), Scripted("4")
-    hanging = DownSink(block=True)
-    t = trainer(tmp_path, backend=hanging, commit_interval_s=3600, min_traces=1).start()
+    hanging = DownCommitter(block=True)
+    t = trainer(tmp_path, committer=hanging, commit_interval_s=3600, min_traces=1).start()
     try:
         model = t.chat_model(upstream=upstream, policy=policy)
         reply = asyncio.run(model.chat(MESSAGES))
@@ -196,7 +198,7 @@ def test_stop_keeps_its_deadline_when_the_backend_hangs(tmp_path):
 def test_a_real_openai_client_gets_token_ids_through_extra_body(tmp_path, upstream, policy, fakes):
     up = openai.OpenAI(base_url=upstream[1].v1, api_key=UPSTREAM_KEY, max_retries=0)
     pol = openai.AsyncOpenAI(base_url=policy[1].v1, api_key="p", max_retries=0)
-    with trainer(tmp_path, backend="none") as t:
+    with trainer(tmp_path, committer="none") as t:
         model = t.chat_model(upstream=up, policy=pol, model="gpt-up", policy_model="pol")
 
         async def agent() -> Any:
@@ -209,22 +211,46 @@ def test_a_real_openai_client_gets_token_ids_through_extra_body(tmp_path, upstre
         assert fakes[1].bodies()[0]["return_token_ids"] is True
         (call,) = t.store.trace(reply.trace_id)["calls"]
         assert call["token_ids"] == POLICY_TOKENS and call["prompt_token_ids"] == POLICY_PROMPT_IDS
-    with trainer(tmp_path / "b", backend="none", selection=SamplingRate(0.0)) as t:
+    with trainer(tmp_path / "b", committer="none", selection=SamplingRate(0.0)) as t:
         model = t.chat_model(upstream=up, policy=pol, model="gpt-up")
         assert asyncio.run(model.chat(MESSAGES)).content == "from the upstream \u00e9"
 
 
-def test_bad_backends_and_their_settings_are_clear_errors(tmp_path):
-    with pytest.raises(ConfigError, match="committer.trinity.url: .*exactly one of"):
-        OnlineTrainer(backend="trinity", store=tmp_path / "t.sqlite")
-    with pytest.raises(ConfigError, match="backend: expected one of none, sink, local, trinity, got 'ray'"):
-        OnlineTrainer(backend="ray", store=tmp_path / "t.sqlite")
-    with pytest.raises(ConfigError, match="local: admin_url is required with backend='local'"):
-        OnlineTrainer(backend="local", store=tmp_path / "t.sqlite")
-    with pytest.raises(ConfigError, match="backend: .* has no send"):
-        OnlineTrainer(backend=object(), store=tmp_path / "t.sqlite")  # type: ignore[arg-type]
+def test_bad_committers_and_their_settings_are_clear_errors(tmp_path):
+    with pytest.raises(
+        ConfigError, match=r"OnlineTrainer\(\): committer: unknown committer 'snk' \(did you mean 'sink'\?\)"
+    ):
+        OnlineTrainer("snk", store=tmp_path / "t.sqlite")
+    with pytest.raises(ConfigError, match=r"OnlineTrainer\(\): committer_args.path: expected a string"):
+        OnlineTrainer("sink", committer_args={"path": 3}, store=tmp_path / "t.sqlite")
+    with pytest.raises(ConfigError, match="committer: .* has no send"):
+        OnlineTrainer(committer=object(), store=tmp_path / "t.sqlite")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="committer_args: only for a committer given by name"):
+        OnlineTrainer(committer=JsonlCommitter(tmp_path), committer_args={"path": "x"}, store=tmp_path / "t.sqlite")
     with pytest.raises(ConfigError, match="reward: the run file 'missing.yaml' does not exist"):
         OnlineTrainer(reward="missing.yaml", store=tmp_path / "t.sqlite")
+
+
+@pytest.mark.parametrize(
+    ("keyword", "message"),
+    [
+        ("backend", r"backend= is now committer="),
+        ("local", r"local= moved to committer_args= \(committer='local'\)"),
+        ("trinity", r"trinity= moved to committer_args= \(committer='trinity'\)"),
+        ("batches", r"batches= moved to committer_args=\{'path': ...\} \(committer='sink'\)"),
+    ],
+)
+def test_the_0_1_keywords_say_where_they_moved(tmp_path, keyword, message):
+    with pytest.raises(ConfigError, match=message):
+        OnlineTrainer(store=tmp_path / "t.sqlite", **{keyword: "sink"})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bakend'"):
+        OnlineTrainer(store=tmp_path / "t.sqlite", bakend="sink")
+
+
+def test_the_sink_folder_is_relative_to_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with OnlineTrainer("sink", committer_args={"path": "out"}, store=tmp_path / "t.sqlite") as t:
+        assert isinstance(t.pipeline.committer, JsonlCommitter) and t.pipeline.committer.directory == tmp_path / "out"
 
 
 def test_from_config_uses_the_files_store_selection_and_rewards(tmp_path):
@@ -239,3 +265,11 @@ def test_from_config_uses_the_files_store_selection_and_rewards(tmp_path):
         assert t.pipeline.rewards is not None and t.pipeline.rewards.wait_results(1, timeout=10)
         t.store.submit(lambda db: None).result(10)
         assert t.store.trace(reply.trace_id)["reward"] == 1.0
+
+
+def test_from_config_names_the_file_in_a_committers_errors(tmp_path):
+    (tmp_path / "online.yaml").write_text(
+        "upstream: {url: 'http://127.0.0.1:9/v1'}\nmode: record\ncommitter: {kind: sink, args: {path: 3}}\n"
+    )
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'online.yaml'}: committer.args.path: expected a string"):
+        OnlineTrainer.from_config(tmp_path / "online.yaml")

@@ -1,4 +1,9 @@
-"""Entry point of ``reinforge-backend-local``: registers the ``local`` backend."""
+"""Entry point of ``reinforge-backend-local``: registers the ``local`` backend, its commands, and reinforge-online's
+``local`` committer.
+
+The committer hook is reinforge-online's (``register_committers``); it is optional here, so this package loads
+and works without reinforge-online installed (the hook then has no specification and is never called).
+"""
 
 from __future__ import annotations
 
@@ -23,3 +28,15 @@ def register_commands(register: Any) -> None:
     from .serve import command as serve
 
     register("serve", serve.run, help="serve a model, run or checkpoint over OpenAI's API", arguments=serve.arguments)
+
+
+@hookimpl(optionalhook=True)
+def register_committers(register: Any) -> None:
+    from .online_committer import LocalCommitterSettings, local_committer
+
+    register(
+        "local",
+        local_committer,
+        settings=LocalCommitterSettings,
+        description="train the served policy's LoRA on each batch in a worker process, then hot-swap it in",
+    )

@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING, Any
 
 from .__about__ import __version__
+from .committers import Committer, CommitterContext, CommitterPlan, build_committer, committer_registry
 from .config import OnlineSettings, Secrets, load_config, resolve_secrets
 from .errors import ApiError
 from .feedback import feedback_token
@@ -29,6 +30,9 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ApiError",
     "CallRecord",
+    "Committer",
+    "CommitterContext",
+    "CommitterPlan",
     "ExplicitMarking",
     "OnlineChatModel",
     "OnlineChatResponse",
@@ -41,7 +45,9 @@ __all__ = [
     "StoreUnavailable",
     "TraceStore",
     "__version__",
+    "build_committer",
     "build_selection",
+    "committer_registry",
     "feedback_token",
     "load_config",
     "resolve_secrets",

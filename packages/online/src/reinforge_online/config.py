@@ -30,12 +30,10 @@ __all__ = [
     "CHAT_ROUTE",
     "MODES",
     "AuthSettings",
-    "BaselineSettings",
     "CommitterSettings",
     "FeedbackSettings",
     "LimitSettings",
     "ListenSettings",
-    "LocalCommitterSettings",
     "OnlineSettings",
     "PolicySettings",
     "RewardSettings",
@@ -43,10 +41,8 @@ __all__ = [
     "SelectionSettings",
     "ShadowSettings",
     "StoreSettings",
-    "TrinityCommitterSettings",
     "UpstreamSettings",
     "load_config",
-    "policy_admin_url",
     "resolve_secrets",
 ]
 
@@ -54,9 +50,6 @@ CHAT_ROUTE = "/v1/chat/completions"
 ROUTES = (CHAT_ROUTE,)  # the routes a mode applies to: the ones that generate
 MODES = ("route", "record", "shadow")
 CONFLICT_POLICIES = ("first-wins", "last-before-commit")
-COMMITTERS = ("none", "sink", "local", "trinity")
-BASELINES = ("cluster", "running")  # reinforge_online.baselines (not imported here: the config stays light)
-BASELINE_SCALES = ("none", "std")
 
 
 def _mode(key: str, value: str) -> None:
@@ -215,114 +208,44 @@ class FeedbackSettings(Settings):
             raise FieldError("reward_max", f"must be at least reward_min ({self.reward_min}), got {self.reward_max}")
 
 
-@dataclass
-class BaselineSettings(Settings):
-    """What the ``local`` committer subtracts from a trace's reward (``reinforge_online.baselines``)."""
-
-    kind: str = "cluster"
-    decay: float = 0.9
-    min_count: int = 2
-    max_clusters: int = 10000
-    scale: str = "none"
-
-    def check(self) -> None:
-        one_of("kind", self.kind, BASELINES)
-        one_of("scale", self.scale, BASELINE_SCALES)
-        in_range("decay", self.decay, 0.0, 1.0)
-        at_least("min_count", self.min_count, 1)
-        at_least("max_clusters", self.max_clusters, 1)
-
-
-@dataclass
-class LocalCommitterSettings(Settings):
-    """The ``local`` committer: train the served policy's LoRA on each batch, then hot-swap it in.
-
-    Needs reinforge-backend-local (``pip install 'reinforge-online[local]'``) and a ``reinforge serve``
-    started with ``--admin-key-env``; ``admin_key_env`` names the variable holding that key.
-    """
-
-    model: str | None = None  # the base model the server serves (default: the built-in SmolLM2)
-    adapter: str | None = None  # the adapter the server started with (only while the run folder is empty)
-    admin_url: str | None = None  # default: policy.url without its trailing /v1
-    admin_key_env: str | None = None
-    learning_rate: float = 1e-4
-    lora_rank: int = 16
-    lora_alpha: int = 32
-    target_modules: list[str] | None = None  # default: q/k/v/o projections
-    clip_range: float = 0.2
-    kl_coef: float = 0.0
-    ppo_epochs: int = 1
-    max_grad_norm: float = 1.0
-    micro_batch_tokens: int = 1024
-    mini_batch_size: int | None = None  # samples per optimizer step (a batch is split); None: one step per batch
-    threads: int | None = None  # torch threads of the training worker (default: all cores)
-    nice: int = 10  # the worker's niceness: training yields the CPU to the gateway and the server
-    keep_checkpoints: int = 3
-    seed: int = 0
-    swap_timeout_s: float = 60.0
-    baseline: BaselineSettings = field(default_factory=BaselineSettings)
-
-    def check(self) -> None:
-        if self.admin_url is not None:
-            _url("admin_url", self.admin_url)
-        at_least("learning_rate", self.learning_rate, 0.0, strict=True)
-        finite("learning_rate", self.learning_rate)
-        at_least("lora_rank", self.lora_rank, 1)
-        at_least("lora_alpha", self.lora_alpha, 1)
-        at_least("clip_range", self.clip_range, 0.0, strict=True)
-        at_least("kl_coef", self.kl_coef, 0.0)
-        at_least("ppo_epochs", self.ppo_epochs, 1)
-        at_least("max_grad_norm", self.max_grad_norm, 0.0, strict=True)
-        at_least("micro_batch_tokens", self.micro_batch_tokens, 1)
-        if self.mini_batch_size is not None:
-            at_least("mini_batch_size", self.mini_batch_size, 1)
-        if self.threads is not None:
-            at_least("threads", self.threads, 1)
-        in_range("nice", self.nice, 0, 19)
-        at_least("keep_checkpoints", self.keep_checkpoints, 1)
-        at_least("swap_timeout_s", self.swap_timeout_s, 0.0, strict=True)
-
-
-@dataclass
-class TrinityCommitterSettings(Settings):
-    """The ``trinity`` committer: feedback and commit to a Trinity-RFT serve-mode explorer (``reinforge_online.trinity``)."""
-
-    url: str | None = None  # the explorer's proxy (root or .../v1)
-    job_dir: str | None = None  # ... or Trinity's checkpoint job folder (explorer_server_url.txt in it)
-    timeout_s: float = 60.0
-
-    def check(self) -> None:
-        if self.url is not None:
-            _url("url", self.url)
-        at_least("timeout_s", self.timeout_s, 0.0, strict=True)
+# where the keys of the built-in committers went in 0.2 (committers became plugins)
+_MOVED_COMMITTER_KEYS = {
+    "local": "moved to committer.args (kind: local)",
+    "trinity": "moved to committer.args (kind: trinity)",
+}
 
 
 @dataclass
 class CommitterSettings(Settings):
-    """Where rewarded traces go, in batches: ``none`` (they stay in the store), ``sink`` (JSONL files in
-    ``path``) or ``local`` (train the served policy, checkpoints in the run folder ``path``)."""
+    """Where rewarded traces go, in batches, and how often: ``kind`` names a committer a plugin registered
+    (``sink``, ``local``, ``trinity``, ...; ``none``: they stay in the store), ``args`` are its own settings,
+    checked against the class it registered (:mod:`reinforge_online.committers`) when the gateway is built."""
 
     kind: str = "none"
     interval_s: float = 300.0
     min_traces: int = 100
     max_traces: int = 1000
     retry_s: float = 1.0
-    path: str = "batches"
-    local: LocalCommitterSettings = field(default_factory=LocalCommitterSettings)
-    trinity: TrinityCommitterSettings = field(default_factory=TrinityCommitterSettings)
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def _normalize(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """The 0.1 keys are errors that say where each one went."""
+        for key, moved in _MOVED_COMMITTER_KEYS.items():
+            if key in data:
+                raise FieldError(key, moved)
+        if "path" in data:
+            where = "committer.args.run_dir (kind: local)" if data.get("kind") == "local" else "committer.args.path"
+            raise FieldError("path", f"moved to {where}")
+        return data
 
     def check(self) -> None:
-        one_of("kind", self.kind, COMMITTERS)
-        if self.kind == "trinity" and (self.trinity.url is None) == (self.trinity.job_dir is None):
-            raise FieldError(
-                "trinity.url", "the trinity committer needs exactly one of trinity.url and trinity.job_dir"
-            )
+        if not self.kind.strip():
+            raise FieldError("kind", "must not be empty (none: no committer)")
         at_least("interval_s", self.interval_s, 0.0, strict=True)
         at_least("min_traces", self.min_traces, 1)
         at_least("max_traces", self.max_traces, 1)
         at_least("retry_s", self.retry_s, 0.0, strict=True)
-        if not self.path.strip():
-            raise FieldError("path", "must not be empty")
 
 
 def _range(lo_key: str, lo: float | None, hi_key: str, hi: float | None) -> None:
@@ -428,14 +351,6 @@ class OnlineSettings(Settings):
                     raise FieldError(f"auth.{key}", "is required unless dev: true (no anonymous gateway)")
         if a.traffic_key_env and a.traffic_key_env == a.admin_key_env:
             raise FieldError("auth.admin_key_env", "must name another variable than auth.traffic_key_env")
-        if self.committer.kind == "local":
-            if self.policy is None and self.committer.local.admin_url is None:
-                raise FieldError("committer.local.admin_url", "the local committer needs policy.url or this URL")
-            if not self.committer.local.admin_key_env:
-                raise FieldError(
-                    "committer.local.admin_key_env",
-                    "the local committer needs the policy server's admin key (reinforge serve --admin-key-env)",
-                )
 
     def mode_of(self, route: str) -> str:
         """The mode of ``route``: its own entry under ``routes``, else ``mode``."""
@@ -454,7 +369,6 @@ class Secrets:
     feedback_secret: bytes
     upstream_key: str | None
     policy_key: str | None
-    policy_admin_key: str | None = None  # the local committer's key for the server's /admin/adapter
 
 
 def _env(name: str | None, key: str, where: str) -> str | None:
@@ -480,32 +394,18 @@ def resolve_secrets(settings: OnlineSettings, where: str = "online.yaml") -> Sec
     secret = _env(a.feedback_secret_env, "auth.feedback_secret_env", where)
     upstream = _env(settings.upstream.key_env, "upstream.key_env", where)
     policy = _env(settings.policy.key_env, "policy.key_env", where) if settings.policy else None
-    c = settings.committer
-    swap = _env(c.local.admin_key_env, "committer.local.admin_key_env", where) if c.kind == "local" else None
     return Secrets(
         traffic_key=traffic,
         admin_key=admin,
         feedback_secret=secret.encode() if secret else secrets.token_bytes(32),
         upstream_key=upstream,
         policy_key=policy,
-        policy_admin_key=swap,
     )
 
 
-def policy_admin_url(settings: OnlineSettings) -> str:
-    """Where the local committer swaps adapters: ``committer.local.admin_url``, else policy.url without ``/v1``."""
-    local = settings.committer.local
-    if local.admin_url:
-        return local.admin_url.rstrip("/")
-    if settings.policy is None:
-        raise ConfigError("committer.local.admin_url: the local committer needs policy.url or this URL")
-    url = settings.policy.url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
 def load_config(path: str | Path, *, dev: bool = False) -> OnlineSettings:
-    """Read and check ``online.yaml``; relative paths (``store.path``, ``committer.path``,
-    ``committer.trinity.job_dir``, ``reward.run``) are relative to the file's folder.
+    """Read and check ``online.yaml``; relative paths (``store.path``, ``reward.run``) are relative to the
+    file's folder, and so are a committer's (``base_dir``, which its factory resolves them against).
 
     ``dev`` (the command's ``--dev``) sets ``dev: true`` before the checks.
     """
@@ -523,13 +423,10 @@ def load_config(path: str | Path, *, dev: bool = False) -> OnlineSettings:
         data = {**data, "dev": True}
     settings = load_settings(OnlineSettings, data, where=where)
     settings.base_dir = str(file.parent.resolve())
-    for part in (settings.store, settings.committer):  # store.path unused (and harmless) with store.url
+    for part in (settings.store,):  # store.path unused (and harmless) with store.url
         where_to = Path(part.path).expanduser()
         if not where_to.is_absolute():
             part.path = str((file.parent / where_to).resolve())
-    job_dir = settings.committer.trinity.job_dir
-    if job_dir is not None and not Path(job_dir).expanduser().is_absolute():
-        settings.committer.trinity.job_dir = str((file.parent / Path(job_dir).expanduser()).resolve())
     if settings.reward is not None and settings.reward.run is not None:
         run = Path(settings.reward.run).expanduser()
         if not run.is_absolute():

@@ -15,12 +15,14 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Any
 
 from . import feedback
-from .committer import Committer, JsonlSink, Sink
-from .config import CHAT_ROUTE, OnlineSettings, Secrets, policy_admin_url
+from .committers import Committer, CommitterContext, build_committer
+from .config import CHAT_ROUTE, OnlineSettings, Secrets
 from .metrics import Metrics
+from .outbox import Outbox
 from .redact import Redactor, resolve_redactor
 from .rewards import RewardCalculator, build_composer
 from .selection import Selection, SelectionRequest, build_selection, selection_secret, session_of
@@ -40,8 +42,11 @@ def task_of(body: Mapping[str, Any]) -> dict[str, Any] | None:
 class Pipeline:
     """Selection, store, redaction, circuit breaker, rewards and committer of one gateway or trainer.
 
-    Everything not given is built from ``settings``. Nothing starts threads but the store's writer;
-    :meth:`start` starts the reward calculator and the committer, :meth:`close` stops them all.
+    Everything not given is built from ``settings``: the committer ``committer.kind`` names (a
+    plugin's, :mod:`reinforge_online.committers`) with ``committer_context`` (default: from the
+    settings, ``where`` and ``policy.url``), unless ``committer`` is given (the caller's, not closed
+    here). Nothing starts threads but the store's writer; :meth:`start` starts the reward calculator
+    and the outbox, :meth:`close` stops them all.
     """
 
     def __init__(
@@ -54,7 +59,8 @@ class Pipeline:
         metrics: Metrics | None = None,
         redact: Redactor | None = None,
         composer: Any = None,
-        sink: Sink | None = None,
+        committer: Committer | None = None,
+        committer_context: CommitterContext | None = None,
         where: str = "online.yaml",
     ) -> None:
         self.settings = settings
@@ -68,16 +74,21 @@ class Pipeline:
         if composer is None and settings.reward is not None:  # judges first: a bad one fails before any thread starts
             composer = build_composer(settings.reward, where=where, base_dir=settings.base_dir)
             self._judges = [slot.fn for slot in composer.judges]  # built here: closed in close()
-        self.store = store or open_store(
-            settings.store, where, on_error=self._store_error, on_health=self._store_health
-        )
+        self._owns_committer = committer is None  # built here: closed in close()
+        self.committer = committer if committer is not None else self._own_committer(settings, committer_context, where)
+        try:
+            self.store = store or open_store(
+                settings.store, where, on_error=self._store_error, on_health=self._store_health
+            )
+        except BaseException:
+            self._close_committer()
+            raise
         self._policy_failures = 0
         self._policy_paused_until = 0.0
         self._drop_lock = threading.Lock()
         self._drop_log: dict[str, tuple[float, int]] = {}  # reason -> (last logged, lines suppressed since)
-        self._sinks: list[Any] = []  # the sinks built here, closed in close()
         self.rewards = self._rewards(settings, composer)
-        self.committer = self._committer(settings, sink)
+        self.outbox = self._outbox(settings)
         self._started = False
 
     def _rewards(self, settings: OnlineSettings, composer: Any) -> RewardCalculator | None:
@@ -97,54 +108,47 @@ class Pipeline:
             on_rewarded=lambda trace_id, reward: self.rewarded(),
         )
 
-    def _committer(self, settings: OnlineSettings, sink: Sink | None) -> Committer | None:
+    def _own_committer(
+        self, settings: OnlineSettings, context: CommitterContext | None, where: str
+    ) -> Committer | None:
+        """The committer ``committer.kind`` names, its ``committer.args`` checked (None for ``none``)."""
         c = settings.committer
-        if sink is None:
-            if c.kind == "none":
-                return None
-            sink = self._own_sink(settings)
-        return Committer(
+        if context is None:
+            context = CommitterContext(
+                where=where,
+                base_dir=Path(settings.base_dir or Path.cwd()),
+                policy_url=settings.policy.url if settings.policy is not None else None,
+            )
+        return build_committer(c.kind, c.args, context)
+
+    def _outbox(self, settings: OnlineSettings) -> Outbox | None:
+        c = settings.committer
+        if self.committer is None:
+            return None
+        return Outbox(
             self.store,
-            sink,
+            self.committer,
             interval_s=c.interval_s,
             min_traces=c.min_traces,
             max_traces=c.max_traces,
             retry_s=c.retry_s,
             on_commit=self._batch_committed,
             on_failure=lambda batch_id: self.metrics.batches.labels("failed").inc(),
+            target=c.kind if self._owns_committer else type(self.committer).__name__,
         )
 
-    def _own_sink(self, settings: OnlineSettings) -> Sink:
-        """The sink ``committer.kind`` names (closed with the pipeline)."""
-        c = settings.committer
-        if c.kind == "local":
-            from .local import LocalSink, options_of
-
-            sink: Sink = LocalSink(
-                c.path,
-                admin_url=policy_admin_url(settings),
-                admin_key=self.secrets.policy_admin_key,
-                options=options_of(c.local),
-                timeout_s=c.local.swap_timeout_s,
-            )
-        elif c.kind == "trinity":
-            from .trinity import TrinitySink
-
-            t = c.trinity
-            sink = TrinitySink(t.url, job_dir=t.job_dir, timeout_s=t.timeout_s)
-        else:
-            sink = JsonlSink(c.path)
-        self._sinks.append(sink)
-        return sink
-
     def start(self) -> Pipeline:
-        """Start the reward calculator and the committer (once)."""
+        """Start the reward calculator and the outbox (once); without a committer, say so in the log."""
         if not self._started:
             self._started = True
             if self.rewards is not None:
                 self.rewards.start()
-            if self.committer is not None:
-                self.committer.start()
+            if self.outbox is not None:
+                self.outbox.start()
+            else:
+                _log.warning(
+                    "no committer configured (committer.kind: none): rewarded traces stay in the store; nothing trains"
+                )
         return self
 
     # -- callbacks -----------------------------------------------------------------------------
@@ -166,9 +170,9 @@ class Pipeline:
         self.metrics.store_healthy.set(1 if ok else 0)
 
     def rewarded(self, n: int = 1) -> None:
-        """``n`` traces got a reward (feedback or judges): the committer may commit sooner."""
-        if self.committer is not None:
-            self.committer.rewarded(n)
+        """``n`` traces got a reward (feedback or judges): the outbox may commit sooner."""
+        if self.outbox is not None:
+            self.outbox.rewarded(n)
 
     # -- selection and the policy's circuit breaker ---------------------------------------------
 
@@ -379,10 +383,21 @@ class Pipeline:
 
     # -- shutdown ------------------------------------------------------------------------------
 
+    def _close_committer(self) -> None:
+        """``close()`` the committer built here, once (a given one belongs to its caller)."""
+        closer = getattr(self.committer, "close", None) if self._owns_committer else None
+        self._owns_committer = False
+        if closer is None:
+            return
+        try:
+            closer()
+        except Exception:  # noqa: BLE001 - shutting down is best effort
+            _log.exception("closing the committer %s failed", type(self.committer).__name__)
+
     def close(self, timeout: float = 10.0) -> bool:
         """Finish scoring, a last commit, drain the store, all within ``timeout``; whether it all finished.
 
-        Never raises: a backend or sink that is down leaves its batch ``committing`` for the next start.
+        Never raises: a committer that is down leaves its batch ``committing`` for the next start.
         """
         deadline = time.monotonic() + timeout
         ok = True
@@ -390,7 +405,7 @@ class Pipeline:
         def left() -> float:
             return max(0.1, deadline - time.monotonic())
 
-        for part in (self.rewards, self.committer):
+        for part in (self.rewards, self.outbox):
             if part is None:
                 continue
             try:
@@ -398,15 +413,7 @@ class Pipeline:
             except Exception:  # noqa: BLE001 - shutting down is best effort
                 _log.exception("stopping %s failed", type(part).__name__)
                 ok = False
-        for sink in self._sinks:
-            closer = getattr(sink, "close", None)
-            if closer is None:
-                continue
-            try:
-                closer()
-            except Exception:  # noqa: BLE001
-                _log.exception("closing the sink %s failed", type(sink).__name__)
-        self._sinks = []
+        self._close_committer()
         for judge in self._judges:
             try:
                 judge.close()

@@ -1,7 +1,8 @@
 """The module named by this distribution's ``reinforge`` entry point.
 
-- adds the ``register_selection_strategies`` hookspec through core's historic
-  ``reinforge_addhooks`` hook, so other plugins can publish selection strategies;
+- adds the ``register_selection_strategies`` and ``register_committers`` hookspecs through core's
+  historic ``reinforge_addhooks`` hook, so other plugins can publish strategies and committers;
+- registers this package's own committer, ``sink``, through that same hook;
 - registers the command ``reinforge online serve online.yaml``.
 
 Loaded by every ``reinforge`` command, so it imports nothing heavy (no starlette, no httpx).
@@ -20,9 +21,16 @@ from reinforge.plugin import hookimpl
 def reinforge_addhooks(pluginmanager: pluggy.PluginManager) -> None:
     from . import hookspecs
 
-    caller = getattr(pluginmanager.hook, "register_selection_strategies", None)
+    caller = getattr(pluginmanager.hook, "register_committers", None)
     if caller is None or not caller.has_spec():
         pluginmanager.add_hookspecs(hookspecs)
+
+
+@hookimpl
+def register_committers(register: Any) -> None:
+    from .sink import SinkSettings, sink_committer
+
+    register("sink", sink_committer, settings=SinkSettings, description="each batch as a JSONL file in args.path")
 
 
 @hookimpl

@@ -2,7 +2,7 @@
 
 ::
 
-    trainer = OnlineTrainer(backend="sink", selection=SamplingRate(0.1), reward=my_judge, commit_interval_s=300)
+    trainer = OnlineTrainer(committer="sink", selection=SamplingRate(0.1), reward=my_judge, commit_interval_s=300)
     trainer.start()
     model = trainer.chat_model(upstream=AsyncOpenAI(), policy=AsyncOpenAI(base_url="http://127.0.0.1:8000/v1"))
     reply = await model.chat(messages, session_id=conversation_id, task={"answer": "42"})
@@ -32,7 +32,7 @@ from reinforge import ChatResponse
 from reinforge.plugin import ConfigError, load_settings
 
 from . import feedback as _feedback
-from .committer import Sink
+from .committers import Committer, CommitterContext
 from .config import CHAT_ROUTE, OnlineSettings, RewardSettings, Secrets, load_config
 from .metrics import Metrics
 from .pipeline import Pipeline
@@ -44,7 +44,14 @@ __all__ = ["OnlineChatModel", "OnlineChatResponse", "OnlineTrainer"]
 
 _log = logging.getLogger("reinforge_online.trainer")
 _IN_PROCESS = "http://in-process.invalid/v1"  # settings need an upstream URL; the Python API sends nothing there
-_BACKENDS = ("none", "sink", "local", "trinity")
+_WHERE = "OnlineTrainer()"
+# the 0.1 keywords, and where each one went
+_MOVED = {
+    "backend": "backend= is now committer= ('sink', 'none', a registered committer's name, or an object with send())",
+    "local": "local= moved to committer_args= (committer='local')",
+    "trinity": "trinity= moved to committer_args= (committer='trinity')",
+    "batches": "batches= moved to committer_args={'path': ...} (committer='sink')",
+}
 
 
 def _reward_settings(reward: Any, **options: Any) -> RewardSettings | None:
@@ -63,26 +70,17 @@ def _reward_settings(reward: Any, **options: Any) -> RewardSettings | None:
     return load_settings(RewardSettings, {**data, **options}, where="OnlineTrainer()", prefix="reward")
 
 
-def _swap_key(settings: OnlineSettings) -> str | None:
-    """The policy server's admin key for the local committer (from ``committer.local.admin_key_env``)."""
-    name = settings.committer.local.admin_key_env
-    if settings.committer.kind != "local" or not name:
-        return None
-    value = os.environ.get(name)
-    if not value:
-        raise ConfigError(f"committer.local.admin_key_env: the environment variable {name} is not set or empty")
-    return value
-
-
 class OnlineTrainer:
     """Samples an agent's model calls, records them, rewards them and commits rewarded batches.
 
-    :param backend: where rewarded batches go: ``"sink"`` (JSONL files in ``batches``), ``"none"``
-        (they stay in the store), ``"local"`` (train the served policy's LoRA into the run folder
-        ``batches`` and hot-swap it in: ``local`` holds ``committer.local``'s keys, ``admin_url`` and
-        ``admin_key_env`` at least), or any object with ``send(batch_id, rows)`` (called again with the
-        same id after a failure), or ``"trinity"`` (feedback and commit to a Trinity-RFT serve-mode
-        explorer: ``trinity`` holds ``committer.trinity``'s keys, ``url`` or ``job_dir``).
+    :param committer: where rewarded batches go: a registered committer's name (``"sink"``: JSONL files
+        in ``committer_args["path"]``, default ``batches``; ``"local"`` with reinforge-backend-local:
+        train the served policy's LoRA and hot-swap it in, ``committer_args`` holding ``admin_url`` and
+        ``admin_key_env`` at least; ``"trinity"`` with reinforge-backend-trinity), ``"none"`` (they
+        stay in the store), or any object with ``send(batch_id, rows)`` (called again with the same id
+        after a failure; not closed here).
+    :param committer_args: the named committer's settings (``committer.args`` of ``online.yaml``),
+        checked against its settings class; relative paths are relative to the working directory.
     :param selection: which calls are sampled (default ``SamplingRate(0.1)``, sticky per session).
     :param reward: a judge (function, registered name, ``module:attr``), a list of them (weights as in a
         run file: ``{"ref": judge, "weight": 0.5}``), or a run file's path (its judges); None: rewards
@@ -93,18 +91,19 @@ class OnlineTrainer:
         its password from libpq's ``PGPASSWORD`` or ``.pgpass``, never in the URL).
     :param settings: a whole ``online.yaml``'s settings instead (:meth:`from_config`); the keywords above
         are then ignored.
+    :param where: what error messages name first (default ``OnlineTrainer()``; :meth:`from_config`: the file).
     """
 
     def __init__(
         self,
-        backend: str | Sink = "sink",
+        committer: str | Committer = "sink",
         *,
+        committer_args: Mapping[str, Any] | None = None,
         selection: Selection | None = None,
         reward: Any = None,
         commit_interval_s: float = 300.0,
         min_traces: int = 100,
         store: str | Path = "traces.sqlite",
-        batches: str | Path = "batches",
         reward_range: tuple[float | None, float | None] = (None, None),
         reward_timeout_s: float = 30.0,
         max_retries: int = 2,
@@ -115,26 +114,34 @@ class OnlineTrainer:
         stop_timeout_s: float = 10.0,
         settings: OnlineSettings | None = None,
         metrics: Metrics | None = None,
-        local: Mapping[str, Any] | None = None,
-        trinity: Mapping[str, Any] | None = None,
+        where: str = _WHERE,
+        **moved: Any,
     ) -> None:
-        sink: Sink | None = None
+        for name in moved:
+            if name not in _MOVED:
+                raise TypeError(f"OnlineTrainer() got an unexpected keyword argument {name!r}")
+            raise ConfigError(f"{_WHERE}: {_MOVED[name]}")
+        given: Committer | None = None  # the caller's committer object
+        context: CommitterContext | None = None  # for the committer named here (settings: the file's)
         default_selection: Selection | None = None  # from online.yaml's selection when settings are given
         if settings is None:
             default_selection = SamplingRate(0.1)
-            if not isinstance(backend, str):
-                if not callable(getattr(backend, "send", None)):
-                    raise ConfigError(f"OnlineTrainer(): backend: {backend!r} has no send(batch_id, rows)")
-                sink, kind = backend, "none"
-            elif backend not in _BACKENDS:
-                raise ConfigError(f"OnlineTrainer(): backend: expected one of {', '.join(_BACKENDS)}, got {backend!r}")
+            kind = "none"
+            if not isinstance(committer, str):
+                if not callable(getattr(committer, "send", None)):
+                    raise ConfigError(f"{_WHERE}: committer: {committer!r} has no send(batch_id, rows)")
+                if committer_args:
+                    raise ConfigError(f"{_WHERE}: committer_args: only for a committer given by name")
+                given = committer
             else:
-                kind = backend
-            if kind == "local" and not (local or {}).get("admin_url"):
-                raise ConfigError(
-                    "OnlineTrainer(): local: admin_url is required with backend='local' (the reinforge serve"
-                    " root whose /admin/adapter loads each checkpoint)"
-                )
+                kind = committer
+            context = CommitterContext(
+                where=_WHERE,
+                base_dir=Path.cwd(),
+                policy_url=None,  # the policy is a client object here: a committer that needs its URL asks for it
+                args_key="committer_args",
+                kind_key="committer",
+            )
             if str(store).startswith(("postgresql://", "postgres://")):
                 store_settings: dict[str, Any] = {"url": str(store)}  # password: libpq's PGPASSWORD or .pgpass
             else:
@@ -160,12 +167,10 @@ class OnlineTrainer:
                     "kind": kind,
                     "interval_s": commit_interval_s,
                     "min_traces": min_traces,
-                    "path": str(Path(batches).expanduser().resolve()),
-                    **({"local": dict(local)} if local is not None else {}),
-                    **({"trinity": dict(trinity)} if trinity is not None else {}),
+                    "args": dict(committer_args or {}),
                 },
             }
-            settings = load_settings(OnlineSettings, data, where="OnlineTrainer()")
+            settings = load_settings(OnlineSettings, data, where=_WHERE)
             settings.reward = rewards
             settings.base_dir = str(Path.cwd())
         self.settings = settings
@@ -181,7 +186,6 @@ class OnlineTrainer:
             feedback_secret=feedback_secret or _secrets.token_bytes(32),
             upstream_key=None,
             policy_key=None,
-            policy_admin_key=_swap_key(settings),
         )
         self.stop_timeout_s = stop_timeout_s
         self.pipeline = Pipeline(
@@ -190,14 +194,16 @@ class OnlineTrainer:
             selection=selection or default_selection,
             metrics=metrics,
             redact=redact,
-            sink=sink,
-            where="OnlineTrainer()",
+            committer=given,
+            committer_context=context,
+            where=where,
         )
         self._stopped = False
 
     @classmethod
     def from_config(cls, path: str | Path, **kwargs: Any) -> OnlineTrainer:
         """A trainer with the store, selection, rewards and committer of an ``online.yaml``."""
+        kwargs.setdefault("where", str(path))
         return cls(settings=load_config(path, dev=True), **kwargs)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -210,7 +216,7 @@ class OnlineTrainer:
     def stop(self, timeout_s: float | None = None) -> bool:
         """Finish scoring, send a last batch, drain the store, within ``timeout_s``; whether all of it finished.
 
-        Never raises, also when the backend is down: its batch stays ``committing`` and is resent, with
+        Never raises, also when the committer is down: its batch stays ``committing`` and is resent, with
         the same id, by the next start.
         """
         if self._stopped:

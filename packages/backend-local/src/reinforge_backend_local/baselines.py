@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["BASELINES", "Baseline", "cluster_key"]
+__all__ = ["BASELINES", "SCALES", "Baseline", "cluster_key"]
 
 BASELINES = ("cluster", "running")
 SCALES = ("none", "std")

@@ -1,67 +1,37 @@
-"""The committer: rewarded traces leave in batches, through a transactional outbox.
+"""The outbox: rewarded traces leave in batches, handed to the committer through a transactional outbox.
 
 Every ``interval_s`` seconds, or as soon as ``min_traces`` traces got a reward, one store
 transaction *claims* the rewarded traces not yet in a batch: it writes the batch row
 (state ``committing``, a new batch id) and points the traces at it. Only then is the batch
-sent to the sink, built from what the store holds for that id, so a resend is identical;
-a second transaction marks the batch and its traces ``committed``. A crash or a failed send
-leaves the batch ``committing``: it is sent again, with the same id, before anything new
-(after a restart too). A sink must therefore accept the same batch id twice; the JSONL sink
-writes ``batch-<id>.jsonl`` atomically, so a resend replaces the file with the same bytes.
+handed to the committer (:class:`reinforge_online.committers.Committer`), built from what the
+store holds for that id, so a resend is identical; a second transaction marks the batch and its
+traces ``committed``. A crash or a failed send leaves the batch ``committing``: it is sent again,
+with the same id, before anything new (after a restart too). A committer must therefore accept the
+same batch id twice; the ``sink`` committer writes ``batch-<id>.jsonl`` atomically, so a resend
+replaces the file with the same bytes.
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import os
-import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from .store import TraceStore
 
-__all__ = ["Committer", "JsonlSink", "Sink", "batch_rows"]
+if TYPE_CHECKING:
+    from .committers import Committer
 
-_log = logging.getLogger("reinforge_online.committer")
+__all__ = ["Outbox", "batch_rows"]
 
-
-class Sink(Protocol):
-    """Where a batch goes; ``send`` may be called again with the same ``batch_id`` after a failure."""
-
-    def send(self, batch_id: str, rows: list[dict[str, Any]]) -> None: ...
+_log = logging.getLogger("reinforge_online.outbox")
 
 
-class JsonlSink:
-    """``<directory>/batch-<batch_id>.jsonl``, one trace per line, written to a temporary file then renamed."""
-
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory)
-
-    def path_of(self, batch_id: str) -> Path:
-        return self.directory / f"batch-{batch_id}.jsonl"
-
-    def send(self, batch_id: str, rows: list[dict[str, Any]]) -> None:
-        self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".batch-{batch_id}.", dir=self.directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                for row in rows:
-                    f.write(json.dumps(row, separators=(",", ":"), allow_nan=False) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path_of(batch_id))
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-
-def _claim(db: Any, store: TraceStore, max_traces: int, at_least: int = 1) -> str | None:
+def _claim(db: Any, store: TraceStore, max_traces: int, at_least: int = 1, target: str = "committer") -> str | None:
     """In the writer's transaction: a new batch of rewarded traces, or None when fewer than ``at_least`` wait.
 
     Replicas on one PostgreSQL database skip the rows another one's claim holds (``store.for_update``).
@@ -76,8 +46,8 @@ def _claim(db: Any, store: TraceStore, max_traces: int, at_least: int = 1) -> st
     batch_id = uuid.uuid4().hex
     store.lock_batch(db, batch_id)  # new: nobody else can hold it
     db.execute(
-        "INSERT INTO batches (batch_id, state, created_at, traces, target) VALUES (?, 'committing', ?, ?, 'sink')",
-        (batch_id, time.time(), len(rows)),
+        "INSERT INTO batches (batch_id, state, created_at, traces, target) VALUES (?, 'committing', ?, ?, ?)",
+        (batch_id, time.time(), len(rows), target),
     )
     db.executemany(
         "UPDATE traces SET batch_id = ?, status = 'committing' WHERE trace_id = ?", [(batch_id, r[0]) for r in rows]
@@ -119,9 +89,10 @@ def batch_rows(store: TraceStore, batch_id: str) -> list[dict[str, Any]]:
     return rows
 
 
-class Committer:
-    """A thread sending rewarded traces to ``sink`` in batches (see the module docstring).
+class Outbox:
+    """A thread handing rewarded traces to ``committer`` in batches (see the module docstring).
 
+    :param target: what the batches table records as the batches' destination (the committer's kind).
     :param on_commit: called with the batch id and its size once a batch is committed.
     :param on_failure: called with the batch id when sending it failed (it is retried).
     """
@@ -129,7 +100,7 @@ class Committer:
     def __init__(
         self,
         store: TraceStore,
-        sink: Sink,
+        committer: Committer,
         *,
         interval_s: float = 300.0,
         min_traces: int = 100,
@@ -137,9 +108,11 @@ class Committer:
         retry_s: float = 1.0,
         on_commit: Callable[[str, int], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
+        target: str = "committer",
     ) -> None:
         self.store = store
-        self.sink = sink
+        self.committer = committer
+        self.target = target
         self.interval_s = interval_s
         self.min_traces = min_traces
         self.max_traces = max_traces
@@ -153,10 +126,10 @@ class Committer:
         self._rewarded = 0
         self._failures = 0
         self._lock = threading.Condition()
-        self.committed: list[str] = []  # batch ids committed by this committer, in order
-        self._thread = threading.Thread(target=self._run, name="reinforge-online-committer", daemon=True)
+        self.committed: list[str] = []  # batch ids committed through this outbox, in order
+        self._thread = threading.Thread(target=self._run, name="reinforge-online-outbox", daemon=True)
 
-    def start(self) -> Committer:
+    def start(self) -> Outbox:
         self._thread.start()
         return self
 
@@ -169,7 +142,7 @@ class Committer:
             self._wake.set()
 
     def wait_committed(self, n: int, timeout: float | None = None) -> bool:
-        """Wait until this committer committed ``n`` batches; whether it did."""
+        """Wait until ``n`` batches went out through this outbox and were committed; whether they did."""
         with self._lock:
             return self._lock.wait_for(lambda: len(self.committed) >= n, timeout)
 
@@ -178,10 +151,10 @@ class Committer:
 
         The first new batch takes whatever waits (the interval is up, or ``min_traces`` arrived); more
         batches follow in the same pass only while a full one waits (``min_traces``, at most
-        ``max_traces``), so traces that arrive while a slow sink works wait for the next pass instead of
+        ``max_traces``), so traces that arrive while a slow committer works wait for the next pass instead of
         going out in a stream of tiny batches.
 
-        :raises Exception: what the store or the sink raised (the batch stays ``committing``).
+        :raises Exception: what the store or the committer raised (the batch stays ``committing``).
         """
         done = []
         for batch_id in self.store.submit(lambda db: _pending(db, self.store)).result():
@@ -189,7 +162,9 @@ class Committer:
             done.append(batch_id)
         at_least = 1
         while True:
-            claim = functools.partial(_claim, store=self.store, max_traces=self.max_traces, at_least=at_least)
+            claim = functools.partial(
+                _claim, store=self.store, max_traces=self.max_traces, at_least=at_least, target=self.target
+            )
             batch_id = self.store.submit(claim).result()
             at_least = min(self.min_traces, self.max_traces)
             if batch_id is None:
@@ -202,7 +177,7 @@ class Committer:
     def _send(self, batch_id: str) -> None:
         rows = batch_rows(self.store, batch_id)
         try:
-            self.sink.send(batch_id, rows)
+            self.committer.send(batch_id, rows)
         except Exception:
             self._on_failure(batch_id)
             raise
@@ -251,7 +226,7 @@ class Committer:
         """Stop the thread, after a last pass when ``flush`` (within ``timeout``); whether it stopped with
         nothing left unsent.
 
-        Never raises: a batch the sink does not take stays ``committing`` and is resent at the next start.
+        Never raises: a batch the committer does not take stays ``committing`` and is resent at the next start.
         """
         self._flush = flush
         self._stop.set()

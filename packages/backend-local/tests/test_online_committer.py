@@ -1,8 +1,8 @@
-"""The local committer: batches to training samples, a worker process, the swap, resends and restarts.
+"""reinforge-online's local committer: batches to training samples, a worker process, the swap, resends, restarts.
 
-The worker process and the HTTP swap are real (a spawned process, uvicorn on 127.0.0.1); the trainer
-in it is scripted here. The same sink with the real SmolLM2 and a real ``reinforge serve`` is tested in
-reinforge-backend-local's tests (``test_online_local.py``), where torch is installed.
+The worker process and the HTTP swap are real (a spawned process, uvicorn on 127.0.0.1), and so are
+reinforge-online's outbox, store and committer registry; the trainer in the worker is scripted here.
+The same committer with the real SmolLM2 and a real ``reinforge serve`` is ``test_online_local.py``.
 """
 
 from __future__ import annotations
@@ -12,15 +12,24 @@ import os
 from typing import Any
 
 import pytest
-from local_testlib import SCRIPTED, SWAP_KEY, FakeAdmin, trained
-from online_testlib import BackgroundServer, settings
-from test_committer import reward
+from local_testlib import SCRIPTED, SWAP_KEY, FakeAdmin, reward, trained
+from test_serve import BackgroundServer
 
+import reinforge_backend_local.plugin as local_plugin
 from reinforge.plugin import ConfigError
-from reinforge_online.committer import Committer
-from reinforge_online.config import LocalCommitterSettings, policy_admin_url, resolve_secrets
-from reinforge_online.local import LocalSink, SwapError, options_of, traces_of
-from reinforge_online.store import CallRecord, TraceStore
+from reinforge_backend_local.online_committer import (
+    LocalCommitter,
+    LocalCommitterSettings,
+    SwapError,
+    options_of,
+    traces_of,
+)
+
+pytest.importorskip("reinforge_online")
+
+from reinforge_online import CommitterContext, build_committer  # noqa: E402
+from reinforge_online.outbox import Outbox  # noqa: E402
+from reinforge_online.store import CallRecord, TraceStore  # noqa: E402
 
 
 def row(trace: str, reward: float | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -60,9 +69,9 @@ def admin():
         yield fake, server
 
 
-def make_sink(tmp_path, server, **over: Any) -> LocalSink:
-    options = {**options_of(LocalCommitterSettings()), "trainer": SCRIPTED, **over}
-    return LocalSink(tmp_path / "run", admin_url=server.base, admin_key=over.pop("key", SWAP_KEY), options=options)
+def make_sink(tmp_path, server, **over: Any) -> LocalCommitter:
+    options = {**options_of(LocalCommitterSettings(admin_key_env="SWAP")), "trainer": SCRIPTED, **over}
+    return LocalCommitter(tmp_path / "run", admin_url=server.base, admin_key=over.pop("key", SWAP_KEY), options=options)
 
 
 def test_a_batch_trains_once_with_baseline_advantages_then_is_swapped_in(tmp_path, admin):
@@ -77,6 +86,7 @@ def test_a_batch_trains_once_with_baseline_advantages_then_is_swapped_in(tmp_pat
         sink.send("batch-1", rows)
         (done,) = trained(sink.run_dir)
         samples = done["samples"]
+        assert done["types"] == ["Sample"]  # built in the worker as backend-local's own Sample objects
         assert [s["completion_ids"] for s in samples] == [[5], [6], [7]]
         assert [s["advantage"] for s in samples] == [1.0, 1.0, -1.0]  # leave-one-out within cluster q1
         assert [s["weight"] for s in samples] == [0.5, 0.5, 1.0]  # 1 / calls of the trace
@@ -155,12 +165,12 @@ def test_the_committer_keeps_a_batch_committing_until_the_server_serves_it(tmp_p
                 )
             ).result(10)
             reward(store, f"t{i}", r)
-        committer = Committer(store, sink)
+        outbox = Outbox(store, sink)
         with pytest.raises(SwapError):
-            committer.run_once()
+            outbox.run_once()
         (batch_id,) = store.submit(lambda db: [r[0] for r in db.execute("SELECT batch_id FROM batches")]).result(10)
         assert store.batch_state(batch_id) == "committing"
-        assert committer.run_once() == [batch_id]  # resent with the same id: trained once, swapped now
+        assert outbox.run_once() == [batch_id]  # resent with the same id: trained once, swapped now
         assert store.batch_state(batch_id) == "committed"
         (done,) = trained(sink.run_dir)
         assert done["batch_id"] == batch_id and [s["advantage"] for s in done["samples"]] == [1.0, -1.0]
@@ -169,30 +179,74 @@ def test_the_committer_keeps_a_batch_committing_until_the_server_serves_it(tmp_p
         store.close()
 
 
-def test_local_committer_settings_are_checked_and_the_admin_url_comes_from_the_policy(tmp_path, monkeypatch):
-    with pytest.raises(ConfigError, match="test.yaml: committer.local.admin_key_env: .*reinforge serve --admin-key"):
-        settings("http://up", "http://127.0.0.1:9/v1", tmp_path / "t.sqlite", committer={"kind": "local"})
-    with pytest.raises(ConfigError, match=r"committer\.local\.baseline\.kind"):
-        settings(
-            "http://up",
-            "http://127.0.0.1:9/v1",
-            tmp_path / "t.sqlite",
-            committer={"kind": "local", "local": {"admin_key_env": "S", "baseline": {"kind": "group"}}},
-        )
-    s = settings(
-        "http://up",
-        "http://127.0.0.1:9/v1",
-        tmp_path / "t.sqlite",
-        committer={"kind": "local", "local": {"admin_key_env": "SWAP", "learning_rate": 3e-4}},
-    )
-    assert policy_admin_url(s) == "http://127.0.0.1:9"
-    for name, value in {"T": "t", "A": "a", "F": "f", "SWAP": "s"}.items():
-        monkeypatch.setenv(name, value)
-    assert resolve_secrets(s).policy_admin_key == "s"
-    monkeypatch.delenv("SWAP")
-    with pytest.raises(ConfigError, match="committer.local.admin_key_env: the environment variable SWAP"):
-        resolve_secrets(s)
-    assert options_of(s.committer.local)["learning_rate"] == 3e-4
+@pytest.fixture
+def pm(reinforge_pm):
+    """A fresh plugin manager with reinforge-online's plugin and this package's, as their entry points load them."""
+    import reinforge_online.plugin as online_plugin
+
+    reinforge_pm.register(online_plugin, name="reinforge-online")
+    reinforge_pm.register(local_plugin, name="reinforge-backend-local")
+    return reinforge_pm
+
+
+def context(tmp_path, policy_url: str | None = "http://127.0.0.1:9/v1") -> CommitterContext:
+    return CommitterContext(where="online.yaml", base_dir=tmp_path, policy_url=policy_url)
+
+
+def test_the_committer_comes_through_onlines_hook_with_its_args_checked(tmp_path, pm, monkeypatch):
+    monkeypatch.setenv("SWAP", "s")
+    args = {"admin_key_env": "SWAP", "learning_rate": 3e-4, "run_dir": "runs/a"}
+    committer = build_committer("local", args, context(tmp_path), pm=pm)
+    assert isinstance(committer, LocalCommitter)
+    assert committer.admin_url == "http://127.0.0.1:9"  # policy.url without /v1
+    assert committer.run_dir == tmp_path / "runs" / "a"  # relative to online.yaml's folder
+    assert committer.options["learning_rate"] == 3e-4 and committer._headers == {"authorization": "Bearer s"}
+    own = build_committer("local", {**args, "admin_url": "http://127.0.0.1:7/"}, context(tmp_path, None), pm=pm)
+    assert isinstance(own, LocalCommitter) and own.admin_url == "http://127.0.0.1:7"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({}, r"online.yaml: committer.args.admin_key_env: is required: .*reinforge serve --admin-key-env"),
+        ({"admin_key_env": "SWAP", "baseline": {"kind": "group"}}, r"online.yaml: committer.args.baseline.kind"),
+        ({"admin_key_env": "SWAP", "learning_rate": 0}, r"online.yaml: committer.args.learning_rate: must be greater"),
+        ({"admin_key_env": "SWAP", "path": "x"}, r"unknown key 'committer.args.path'"),
+        (
+            {"admin_key_env": "UNSET_SWAP"},
+            r"committer.args.admin_key_env: the environment variable UNSET_SWAP is not set",
+        ),
+    ],
+)
+def test_bad_args_name_the_file_and_the_key(tmp_path, pm, monkeypatch, args, message):
+    monkeypatch.setenv("SWAP", "s")
+    monkeypatch.delenv("UNSET_SWAP", raising=False)
+    with pytest.raises(ConfigError, match=message):
+        build_committer("local", args, context(tmp_path), pm=pm)
+
+
+def test_without_a_policy_url_the_admin_url_is_required(tmp_path, pm, monkeypatch):
+    monkeypatch.setenv("SWAP", "s")
+    with pytest.raises(ConfigError, match=r"online.yaml: committer.args.admin_url: the local committer needs this URL"):
+        build_committer("local", {"admin_key_env": "SWAP"}, context(tmp_path, None), pm=pm)
+
+
+def test_the_installed_entry_point_registers_the_committer():
+    from reinforge_online import committer_registry
+
+    registry = committer_registry()
+    entry = registry.get("committers", "local")
+    assert entry is not None and entry.owner == "reinforge-backend-local"
+    assert entry.settings is LocalCommitterSettings
+
+
+def test_the_plugin_loads_without_reinforge_online(reinforge_pm):
+    """Without online's hookspec the hookimpl is optional: the plugin registers and nothing is broken."""
+    from reinforge.plugins import check_hookimpls
+
+    reinforge_pm.register(local_plugin, name="reinforge-backend-local")
+    assert not reinforge_pm.hook.register_committers.has_spec()
+    assert check_hookimpls(reinforge_pm) == []
 
 
 def test_the_worker_trains_at_a_lower_priority_than_the_gateway(tmp_path, admin):
@@ -254,10 +308,9 @@ def test_the_worker_ends_with_a_gateway_that_is_killed(tmp_path, admin):
     script = f"""
 import sys, time
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from reinforge_online.config import LocalCommitterSettings
-from reinforge_online.local import LocalSink, options_of
-options = {{**options_of(LocalCommitterSettings()), "trainer": "local_testlib:scripted_trainer"}}
-sink = LocalSink({str(tmp_path / "run")!r}, admin_url={server.base!r}, admin_key="k", options=options)
+from reinforge_backend_local.online_committer import LocalCommitter, LocalCommitterSettings, options_of
+options = {{**options_of(LocalCommitterSettings(admin_key_env="K")), "trainer": "local_testlib:scripted_trainer"}}
+sink = LocalCommitter({str(tmp_path / "run")!r}, admin_url={server.base!r}, admin_key="k", options=options)
 sink.status()
 print(open({str(tmp_path / "run" / "starts.txt")!r}).read().split()[-1], flush=True)
 time.sleep(600)

@@ -1,11 +1,12 @@
-"""A scripted trainer for the local committer's worker process, and a fake ``/admin/adapter`` server.
+"""A scripted trainer for the local committer's worker process, a fake ``/admin/adapter`` server, store helpers.
 
 The worker imports this module by name (``local_testlib:scripted_trainer``): the spawned child
-gets the parent's ``sys.path``, which conftest extended with this folder.
+gets the parent's ``sys.path``, which pytest extended with this folder.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import threading
@@ -51,7 +52,7 @@ class ScriptedTrainer:
     def latest(self) -> Path | None:
         return self.run_dir / "checkpoints" / f"step-{self.step}" if self.step else None
 
-    def train(self, batch_id: str, samples: list[dict[str, Any]], *, extra: dict[str, Any]) -> dict[str, Any]:
+    def train(self, batch_id: str, samples: list[Any], *, extra: dict[str, Any]) -> dict[str, Any]:
         if self.options.get("hang_on") == batch_id:  # a batch that trains for ever (until the worker is stopped)
             (self.run_dir / "hanging").write_text(str(os.getpid()))
             threading.Event().wait()
@@ -63,7 +64,13 @@ class ScriptedTrainer:
         folder = self.run_dir / "checkpoints" / f"step-{step}"
         folder.mkdir(parents=True)
         with open(self.run_dir / "trained.jsonl", "a") as f:
-            f.write(json.dumps({"batch_id": batch_id, "samples": samples}) + "\n")
+            rows = [dataclasses.asdict(s) for s in samples]  # the worker hands over backend-local Sample objects
+            f.write(
+                json.dumps(
+                    {"batch_id": batch_id, "samples": rows, "types": sorted({type(s).__name__ for s in samples})}
+                )
+                + "\n"
+            )
         self.state = {"step": step, "batches": [*self.state["batches"], batch_id], "extra": extra}
         (self.run_dir / "state.json").write_text(json.dumps(self.state))
         return {"checkpoint": str(folder), "trained": True, "step": step, "metrics": {}}
@@ -101,3 +108,11 @@ class FakeAdmin:
                 return JSONResponse({"policy_version": self.version, "adapter": body["path"]})
 
         return Starlette(routes=[Route("/admin/adapter", swap, methods=["POST"])])
+
+
+def reward(store: Any, trace_id: str, value: float) -> Any:
+    """Feedback for one stored trace, as the gateway applies it (on the store's writer thread)."""
+    from reinforge_online.feedback import FeedbackRequest, apply_feedback
+
+    req = FeedbackRequest(trace_id, value, None)
+    return store.submit(lambda db: apply_feedback(db, req, value, "first-wins")).result(10)

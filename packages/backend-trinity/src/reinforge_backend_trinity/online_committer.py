@@ -1,12 +1,16 @@
-"""The ``trinity`` committer: rewarded traces go to a Trinity-RFT explorer in serve mode.
+"""reinforge-online's ``trinity`` committer: rewarded traces go to a Trinity-RFT explorer in serve mode.
+
+Registered through reinforge-online's ``register_committers`` hook (an optional hookimpl in
+:mod:`reinforge_backend_trinity.plugin`: this package works without reinforge-online), so
+``online.yaml`` says ``committer: {kind: trinity, args: {url: ...}}`` (:class:`TrinityCommitterSettings`).
 
 Trinity's serve mode (``mode: serve``) runs an OpenAI-compatible proxy in front of its vLLM engines that
 records every reply under its response id. Point the gateway at it (``policy.url`` in ``route`` mode, or
 ``upstream.url`` in ``record`` mode) and each recorded call keeps that id. A committed batch then becomes one
 ``POST /feedback {reward, msg_ids, task_id, run_id}`` per trace (its calls' response ids, the trace id as
 ``task_id``) and one ``POST /commit``, which moves the rewarded replies into Trinity's experience buffer,
-where its trainer takes them. The client is reinforge-backend-trinity's
-:class:`~reinforge_backend_trinity.serve_client.ServeClient` (``pip install 'reinforge-online[trinity]'``).
+where its trainer takes them. The client is this package's :class:`~.serve_client.ServeClient` (httpx only:
+the gateway does not need trinity-rft installed).
 
 A failed request raises, so the outbox sends the batch again with the same id. Trinity 0.6.0 forgets the
 replies it committed and answers ``success`` to feedback for ids it does not know, so a resend after a
@@ -20,14 +24,36 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from reinforge.plugin import ConfigError
+from reinforge.plugin import ConfigError, FieldError, Settings, at_least
 
-__all__ = ["TrinitySink", "feedback_of"]
+from .serve_client import ServeClient
 
-_log = logging.getLogger("reinforge_online.trinity")
+if TYPE_CHECKING:
+    from reinforge_online import CommitterContext
+
+__all__ = ["TrinityCommitter", "TrinityCommitterSettings", "feedback_of", "trinity_committer"]
+
+_log = logging.getLogger("reinforge_backend_trinity.online_committer")
+
+
+@dataclass
+class TrinityCommitterSettings(Settings):
+    """``committer.args`` of ``kind: trinity``: the serve-mode explorer, by URL or by Trinity's job folder."""
+
+    url: str | None = None  # the explorer's proxy (root or .../v1)
+    job_dir: str | None = None  # ... or Trinity's checkpoint job folder (explorer_server_url.txt in it)
+    timeout_s: float = 60.0  # per request to the explorer
+
+    def check(self) -> None:
+        if (self.url is None) == (self.job_dir is None):
+            raise FieldError("url", "set exactly one of url and job_dir")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise FieldError("url", f"expected an http:// or https:// URL, got {self.url!r}")
+        at_least("timeout_s", self.timeout_s, 0.0, strict=True)
 
 
 def feedback_of(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
@@ -47,23 +73,13 @@ def feedback_of(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], i
     return out, skipped
 
 
-def _serve_client() -> Any:
-    try:
-        from reinforge_backend_trinity.serve_client import ServeClient
-    except ImportError as exc:
-        raise ConfigError(
-            "committer.kind: trinity needs reinforge-backend-trinity: pip install 'reinforge-online[trinity]'"
-        ) from exc
-    return ServeClient
-
-
-class TrinitySink:
+class TrinityCommitter:
     """Sends each batch to one Trinity serve-mode explorer: feedback for every trace, then a commit.
 
     :param url: the explorer's URL (its proxy's root or ``.../v1``); or
     :param job_dir: Trinity's checkpoint job folder, where the explorer writes ``explorer_server_url.txt``
         (read at each send, so a restarted explorer on a new port is found).
-    :param client: a factory of the client (tests); default reinforge-backend-trinity's ``ServeClient``.
+    :param client: a factory of the client (tests); default :class:`~.serve_client.ServeClient`.
     """
 
     def __init__(
@@ -75,11 +91,11 @@ class TrinitySink:
         client: Callable[..., Any] | None = None,
     ) -> None:
         if (url is None) == (job_dir is None):
-            raise ConfigError("committer.trinity: set exactly one of url and job_dir")
+            raise ConfigError("TrinityCommitter: set exactly one of url and job_dir")
         self.url = url
         self.job_dir = Path(job_dir) if job_dir is not None else None
         self.timeout_s = timeout_s
-        self._client: Any = client or _serve_client()
+        self._client: Any = client or ServeClient
         self.skipped_traces = 0
         self.commits = 0
 
@@ -103,3 +119,9 @@ class TrinitySink:
             for body in bodies:
                 await client.feedback(body["reward"], body["msg_ids"], task_id=body["task_id"])
             await client.commit()
+
+
+def trinity_committer(settings: TrinityCommitterSettings, context: CommitterContext) -> TrinityCommitter:
+    """The factory registered as ``trinity``: ``job_dir`` resolved against ``online.yaml``'s folder."""
+    job_dir = context.path(settings.job_dir) if settings.job_dir is not None else None
+    return TrinityCommitter(settings.url, job_dir=job_dir, timeout_s=settings.timeout_s)

@@ -1,0 +1,344 @@
+"""reinforge-online's ``local`` committer: each batch of live traffic trains the served LoRA, then it is hot-swapped in.
+
+Registered through reinforge-online's ``register_committers`` hook (an optional hookimpl in
+:mod:`reinforge_backend_local.plugin`: this package works without reinforge-online), so
+``online.yaml`` says ``committer: {kind: local, args: {...}}`` (:class:`LocalCommitterSettings`).
+
+A committed batch holds rewarded traces whose calls the policy (``reinforge serve``) answered with
+token ids and logprobs. :class:`LocalCommitter` turns them into training data: the trace's reward
+minus a baseline for ungrouped data (:mod:`reinforge_backend_local.baselines`) is the advantage of
+each of its calls, each weighted ``1 / calls`` so a long conversation does not outweigh a short one,
+and every call is trained at its own request's temperature (the one its logprobs were sampled under).
+
+Training runs in a worker process of its own (spawned; :mod:`reinforge_backend_local.online_worker`
+holds an :class:`~reinforge_backend_local.adapter_trainer.AdapterTrainer` and its model), so torch
+never loads into the gateway and the gateway's threads are never stalled by it. The worker writes
+one checkpoint per batch into the run folder (``args.run_dir``) and reports its folder; the
+committer then asks the server to load it (``POST {admin_url}/admin/adapter``). The batch is
+committed only once the server serves it. A failure anywhere raises, so the outbox sends the same
+batch id again: the worker finds that batch already trained (its id is in the checkpoint) and only
+the swap is retried. A worker that died is started again at the next send and resumes from the
+latest checkpoint, baselines included.
+
+Calls without token ids (the upstream answered them: a fallback, or ``record`` mode against a
+server that returns none) cannot be trained on and are counted as skipped.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import multiprocessing
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from reinforge.plugin import FieldError, Settings, at_least, finite, in_range, one_of
+
+from . import online_worker
+from .baselines import BASELINES, SCALES, cluster_key
+from .online_worker import LocalTrace, TrainingCall
+
+if TYPE_CHECKING:
+    from reinforge_online import CommitterContext
+
+__all__ = [
+    "BaselineSettings",
+    "LocalCommitter",
+    "LocalCommitterSettings",
+    "SwapError",
+    "admin_url_of",
+    "local_committer",
+    "options_of",
+    "traces_of",
+]
+
+_log = logging.getLogger("reinforge_backend_local.online_committer")
+
+
+@dataclass
+class BaselineSettings(Settings):
+    """What the committer subtracts from a trace's reward (:mod:`reinforge_backend_local.baselines`)."""
+
+    kind: str = "cluster"
+    decay: float = 0.9
+    min_count: int = 2
+    max_clusters: int = 10000
+    scale: str = "none"
+
+    def check(self) -> None:
+        one_of("kind", self.kind, BASELINES)
+        one_of("scale", self.scale, SCALES)
+        in_range("decay", self.decay, 0.0, 1.0)
+        at_least("min_count", self.min_count, 1)
+        at_least("max_clusters", self.max_clusters, 1)
+
+
+def _url(key: str, value: str) -> None:
+    if not value.startswith(("http://", "https://")):
+        raise FieldError(key, f"expected an http:// or https:// URL, got {value!r}")
+
+
+@dataclass
+class LocalCommitterSettings(Settings):
+    """``committer.args`` of ``kind: local``: train the served policy's LoRA on each batch, then hot-swap it in.
+
+    Needs a ``reinforge serve`` started with ``--admin-key-env``; ``admin_key_env`` names the
+    variable holding that key (the gateway reads it at start).
+    """
+
+    admin_key_env: str | None = None  # required: the variable holding reinforge serve's admin key
+    admin_url: str | None = None  # default: policy.url without its trailing /v1
+    run_dir: str = "online-run"  # the run folder (relative to online.yaml's folder); reinforge serve/export read it
+    model: str | None = None  # the base model the server serves (default: the built-in SmolLM2)
+    adapter: str | None = None  # the adapter the server started with (only while the run folder is empty)
+    learning_rate: float = 1e-4
+    lora_rank: int = 16
+    lora_alpha: int = 32
+    target_modules: list[str] | None = None  # default: q/k/v/o projections
+    clip_range: float = 0.2
+    kl_coef: float = 0.0
+    ppo_epochs: int = 1
+    max_grad_norm: float = 1.0
+    micro_batch_tokens: int = 1024
+    mini_batch_size: int | None = None  # samples per optimizer step (a batch is split); None: one step per batch
+    threads: int | None = None  # torch threads of the training worker (default: all cores)
+    nice: int = 10  # the worker's niceness: training yields the CPU to the gateway and the server
+    keep_checkpoints: int = 3
+    seed: int = 0
+    swap_timeout_s: float = 60.0
+    baseline: BaselineSettings = field(default_factory=BaselineSettings)
+
+    def check(self) -> None:
+        if not self.admin_key_env:
+            raise FieldError(
+                "admin_key_env",
+                "is required: the environment variable holding the policy server's admin key"
+                " (reinforge serve --admin-key-env)",
+            )
+        if self.admin_url is not None:
+            _url("admin_url", self.admin_url)
+        if not self.run_dir.strip():
+            raise FieldError("run_dir", "must not be empty")
+        at_least("learning_rate", self.learning_rate, 0.0, strict=True)
+        finite("learning_rate", self.learning_rate)
+        at_least("lora_rank", self.lora_rank, 1)
+        at_least("lora_alpha", self.lora_alpha, 1)
+        at_least("clip_range", self.clip_range, 0.0, strict=True)
+        at_least("kl_coef", self.kl_coef, 0.0)
+        at_least("ppo_epochs", self.ppo_epochs, 1)
+        at_least("max_grad_norm", self.max_grad_norm, 0.0, strict=True)
+        at_least("micro_batch_tokens", self.micro_batch_tokens, 1)
+        if self.mini_batch_size is not None:
+            at_least("mini_batch_size", self.mini_batch_size, 1)
+        if self.threads is not None:
+            at_least("threads", self.threads, 1)
+        in_range("nice", self.nice, 0, 19)
+        at_least("keep_checkpoints", self.keep_checkpoints, 1)
+        at_least("swap_timeout_s", self.swap_timeout_s, 0.0, strict=True)
+
+
+class SwapError(RuntimeError):
+    """The policy server did not take the new adapter (the batch is resent, the swap retried)."""
+
+
+def _temperature(request: Any) -> float:
+    value = request.get("temperature") if isinstance(request, dict) else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 1.0
+
+
+def _call(call: dict[str, Any]) -> TrainingCall | None:
+    prompt, tokens, logprobs = call.get("prompt_token_ids"), call.get("token_ids"), call.get("logprobs")
+    if not prompt or not tokens or not isinstance(logprobs, list) or len(logprobs) != len(tokens):
+        return None
+    return TrainingCall(
+        prompt_ids=[int(t) for t in prompt],
+        completion_ids=[int(t) for t in tokens],
+        logprobs=[float(x) for x in logprobs],
+        temperature=_temperature(call.get("request")),
+    )
+
+
+def traces_of(rows: Sequence[dict[str, Any]]) -> list[LocalTrace]:
+    """A batch's rows (what the outbox hands a committer) as training traces.
+
+    The cluster is the first call's request messages; a row without a reward is left out.
+    """
+    out = []
+    for row in rows:
+        reward = row.get("reward")
+        calls = row.get("calls") or []
+        if reward is None or not calls:
+            continue
+        first = calls[0].get("request") or {}
+        trace = LocalTrace(cluster=cluster_key(first.get("messages") or []), reward=float(reward))
+        for call in calls:
+            usable = _call(call)
+            if usable is None:
+                trace.skipped += 1
+            else:
+                trace.calls.append(usable)
+        out.append(trace)
+    return out
+
+
+class LocalCommitter:
+    """Trains each batch into ``run_dir`` in a worker process, then swaps the checkpoint into the server.
+
+    :param run_dir: the run folder (``reinforge serve RUN_DIR`` and ``reinforge export RUN_DIR`` read it).
+    :param admin_url: the policy server's root (``http://127.0.0.1:8000``; ``/admin/adapter`` is added).
+    :param admin_key: the server's admin key (``reinforge serve --admin-key-env``).
+    :param options: the trainer's settings (:class:`LocalCommitterSettings` as :func:`options_of` gives them).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        admin_url: str,
+        admin_key: str | None,
+        options: dict[str, Any],
+        timeout_s: float = 60.0,
+    ) -> None:
+        self.run_dir = Path(run_dir).expanduser().absolute()
+        self.admin_url = admin_url.rstrip("/")
+        self.options = {**options, "run_dir": str(self.run_dir)}
+        self._headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
+        self._timeout = timeout_s
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self.skipped_calls = 0  # calls without token ids, never trained on
+        self.last: dict[str, Any] = {}  # the last batch's answer from the worker, and the server's
+
+    def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._pool is None:
+            ctx = multiprocessing.get_context("spawn")  # no fork of a threaded gateway
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=1, mp_context=ctx, initializer=online_worker.worker_init, initargs=(os.getpid(),)
+            )
+        return self._pool
+
+    def _run(self, fn: Any, *args: Any) -> Any:
+        """``fn(options, *args)`` in the worker; a dead worker is replaced at the next call."""
+        try:
+            return self._executor().submit(fn, self.options, *args).result()
+        except concurrent.futures.process.BrokenProcessPool:
+            _log.error("the training worker died; a new one resumes from %s at the next send", self.run_dir)
+            self._drop_pool()
+            raise
+
+    def _drop_pool(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def status(self) -> dict[str, Any]:
+        """Start the worker (loads the model) and report the run folder's step and latest checkpoint."""
+        result: dict[str, Any] = self._run(online_worker.status)
+        return result
+
+    def send(self, batch_id: str, rows: list[dict[str, Any]]) -> None:
+        """Train on the batch (once per id), then have the server load the checkpoint; raises on any failure."""
+        traces = traces_of(rows)
+        skipped = sum(t.skipped for t in traces)
+        usable = [t for t in traces if t.calls]
+        result = self._run(online_worker.train, batch_id, usable)
+        if result["trained"]:
+            self.skipped_calls += skipped
+        checkpoint = result.get("checkpoint")
+        if checkpoint is not None:
+            result["server"] = self.swap(checkpoint)
+        self.last = result
+        _log.info(
+            "batch %s: %s at step %s (%s samples), serving %s",
+            batch_id,
+            "trained" if result["trained"] else "already trained",
+            result.get("step"),
+            result.get("samples", 0),
+            checkpoint,
+        )
+
+    def swap(self, checkpoint: str) -> dict[str, Any]:
+        """``POST /admin/adapter {"path": checkpoint}``; the server's answer (its new ``policy_version``)."""
+        import httpx
+
+        url = f"{self.admin_url}/admin/adapter"
+        try:
+            resp = httpx.post(url, json={"path": checkpoint}, headers=self._headers, timeout=self._timeout)
+        except httpx.HTTPError as exc:
+            raise SwapError(f"{url}: {type(exc).__name__}: {exc}") from exc
+        if resp.status_code != 200:
+            raise SwapError(f"{url}: HTTP {resp.status_code}: {resp.text[:500]}")
+        data: dict[str, Any] = resp.json()
+        return data
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the worker: a batch in training gets ``timeout`` seconds, then is abandoned (its batch is still
+        ``committing`` and is resent at the next start; checkpoints are written aside and renamed, never half)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        workers = list((getattr(pool, "_processes", None) or {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for worker in workers:
+            worker.join(timeout)
+            if worker.is_alive():
+                _log.warning("the training worker %s did not stop in %.0f s; terminating it", worker.pid, timeout)
+                worker.terminate()
+                worker.join(10)
+
+
+def options_of(settings: LocalCommitterSettings, *, threads_default: int | None = None) -> dict[str, Any]:
+    """The settings as the worker's options (plain data: they cross the process boundary)."""
+    b = settings.baseline
+    return {
+        "trainer": online_worker.DEFAULT_TRAINER,
+        "model": settings.model,
+        "adapter": settings.adapter,
+        "learning_rate": settings.learning_rate,
+        "lora_rank": settings.lora_rank,
+        "lora_alpha": settings.lora_alpha,
+        "target_modules": list(settings.target_modules) if settings.target_modules else None,
+        "clip_range": settings.clip_range,
+        "kl_coef": settings.kl_coef,
+        "ppo_epochs": settings.ppo_epochs,
+        "max_grad_norm": settings.max_grad_norm,
+        "micro_batch_tokens": settings.micro_batch_tokens,
+        "mini_batch_size": settings.mini_batch_size,
+        "keep_checkpoints": settings.keep_checkpoints,
+        "seed": settings.seed,
+        "threads": settings.threads or threads_default or os.cpu_count(),
+        "nice": settings.nice,
+        "baseline": {
+            "kind": b.kind,
+            "decay": b.decay,
+            "min_count": b.min_count,
+            "max_clusters": b.max_clusters,
+            "scale": b.scale,
+        },
+    }
+
+
+def admin_url_of(settings: LocalCommitterSettings, context: CommitterContext) -> str:
+    """Where adapters are swapped in: ``admin_url``, else ``policy.url`` without its ``/v1``.
+
+    :raises ConfigError: neither is there (the Python API has no policy URL: set ``admin_url``).
+    """
+    if settings.admin_url:
+        return settings.admin_url.rstrip("/")
+    if context.policy_url is None:
+        raise context.error("admin_url", "the local committer needs this URL (the reinforge serve root) or policy.url")
+    url = context.policy_url.rstrip("/")
+    return url.removesuffix("/v1")
+
+
+def local_committer(settings: LocalCommitterSettings, context: CommitterContext) -> LocalCommitter:
+    """The factory registered as ``local``: URL and admin key resolved now, the worker started at the first send."""
+    return LocalCommitter(
+        context.path(settings.run_dir),
+        admin_url=admin_url_of(settings, context),
+        admin_key=context.secret(settings.admin_key_env, "admin_key_env"),
+        options=options_of(settings),
+        timeout_s=settings.swap_timeout_s,
+    )
