@@ -294,7 +294,11 @@ class Gateway:
         mode: str,
         trace_id: str,
     ) -> Response:
-        """Ask ``up`` (the policy, or in record mode the upstream) with token ids and logprobs, and record it."""
+        """Ask ``up`` (the policy, or in record mode the upstream) with token ids and logprobs, and record it.
+
+        A stream's first row (the trace, the request) is queued before ``up`` is asked, so its commit
+        overlaps the answer's first byte; it is taken back when no stream of ours comes of it.
+        """
         request.scope[PATH_KEY] = "policy" if mode == "route" else "record"
         payload = dict(body, return_token_ids=True, logprobs=True)
         model = self.settings.policy.model if (mode == "route" and self.settings.policy) else None
@@ -306,19 +310,6 @@ class Gateway:
             headers = {
                 k.decode("latin-1"): v.decode("latin-1") for k, v in request_headers(request.headers.raw, up.key)
             }
-        before = time.perf_counter() - start
-        sent = time.perf_counter()
-        try:
-            resp = await up.send("POST", up.target(CHAT_ROUTE), content=json.dumps(payload).encode(), headers=headers)
-        except UpstreamError as exc:
-            if mode == "route":
-                raise _Fallback("timeout" if exc.timeout else "unreachable") from exc
-            raise self._unreachable(request, exc) from exc
-        if resp.status_code != 200:
-            if mode == "route":
-                await resp.aclose()
-                raise _Fallback(_refusal(resp.status_code))
-            return await relayed(resp, self._broken("record"))  # the upstream's own answer
         record = CallRecord(
             trace_id=trace_id,
             call_id=uuid.uuid4().hex,
@@ -327,12 +318,42 @@ class Gateway:
             request=body,
             response={},
             session_id=session,
-            policy_version=resp.header("x-policy-version"),
             task=task_of(body),
         )
-        requested = body.get("model") if model else None  # the client's name goes back in place of the policy's
-        if body.get("stream") is True:
-            return await self._sampled_stream(request, resp, record, mode, sent, before, requested)
+        stream = body.get("stream") is True
+        first_row = None
+        if stream:
+            record.state = "streaming"
+            first_row = self.pipeline.record_future(record)
+        before = time.perf_counter() - start
+        sent = time.perf_counter()
+        try:
+            try:
+                resp = await up.send(
+                    "POST", up.target(CHAT_ROUTE), content=json.dumps(payload).encode(), headers=headers
+                )
+            except UpstreamError as exc:
+                if mode == "route":
+                    raise _Fallback("timeout" if exc.timeout else "unreachable") from exc
+                raise self._unreachable(request, exc) from exc
+            if resp.status_code != 200:
+                if mode == "route":
+                    await resp.aclose()
+                    raise _Fallback(_refusal(resp.status_code))
+                if first_row is not None:
+                    self.pipeline.forget(record)
+                    first_row = None
+                return await relayed(resp, self._broken("record"))  # the upstream's own answer
+            record.policy_version = resp.header("x-policy-version")
+            requested = body.get("model") if model else None  # the client's name goes back in place of the policy's
+            if stream:
+                out = await self._sampled_stream(request, resp, record, first_row, mode, sent, before, requested)
+                first_row = None  # it is the stream's now
+                return out
+        except BaseException:
+            if first_row is not None:
+                self.pipeline.forget(record)
+            raise
         want_ids, want_logprobs = body.get("return_token_ids") is True, body.get("logprobs") is True
         try:
             data = json.loads(await resp.read())
@@ -368,19 +389,24 @@ class Gateway:
         request: Request,
         resp: UpstreamResponse,
         record: CallRecord,
+        first_row: Any,
         mode: str,
         sent: float,
         before: float,
         model: str | None,
     ) -> Response:
         """A sampled stream: checked to be a stream with content (else it falls back, in route mode), its
-        call's row committed, then relayed; its end written when it ends (see :class:`PolicyStream`)."""
+        first row's commit waited for, then relayed; its end written when it ends (see :class:`PolicyStream`).
+
+        :raises _Fallback, ApiError: no stream of ours comes of it (the caller takes the first row back).
+        """
         route = mode == "route"
         path = request.scope[PATH_KEY]
         if "text/event-stream" not in (resp.header("content-type") or ""):
             if route:
                 await resp.aclose()
                 raise _Fallback("bad_response")
+            self.pipeline.forget(record)
             return await relayed(resp, self._broken(path))  # record: the upstream's own answer, not recorded
         reader = EventReader(resp.chunks())
         try:
@@ -411,8 +437,7 @@ class Gateway:
                 kind="server_error",
             )
         after = time.perf_counter()
-        record.state = "streaming"
-        acknowledged = await self.pipeline.acknowledge(record)  # the trace's row before the client's first byte
+        acknowledged = await self.pipeline.acknowledged(first_row, record.trace_id)  # before the first byte
         stream.arm()
         headers = dict(_SSE_HEADERS)
         if acknowledged:

@@ -9,6 +9,7 @@ to record, so rewards, feedback and commits behave the same whichever way a call
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import threading
@@ -236,7 +237,14 @@ class Pipeline:
         headers. A write still queued when the wait ends is cancelled; one already running may still
         commit, unacknowledged (nobody was told its trace id).
         """
-        future = self.record_future(call)
+        return await self.acknowledged(self.record_future(call), call.trace_id)
+
+    async def acknowledged(self, future: Future[Any] | None, trace_id: str) -> bool:
+        """:meth:`acknowledge` for a call already handed to :meth:`record_future` (its future, or None).
+
+        A stream's first row is queued before the policy is asked, so its commit overlaps the policy's
+        answer; this waits for it once the answer is there.
+        """
         if future is None:
             return False
         wrapped = asyncio.wrap_future(future)
@@ -245,17 +253,23 @@ class Pipeline:
         except asyncio.TimeoutError:
             future.cancel()
             wrapped.cancel()
-            self.dropped("timeout", call.trace_id, f"not committed within {self.settings.store.ack_timeout_ms} ms")
+            self.dropped("timeout", trace_id, f"not committed within {self.settings.store.ack_timeout_ms} ms")
             return False
         except TraceClosed:
             return False  # counted as a closed trace's call where the write failed
         except StoreUnavailable as exc:
-            self.dropped(exc.reason, call.trace_id, str(exc))
+            self.dropped(exc.reason, trace_id, str(exc))
             return False
         except Exception as exc:  # noqa: BLE001 - this write's own failure (a value JSON cannot hold)
-            self.dropped("invalid", call.trace_id, f"{type(exc).__name__}: {exc}")
+            self.dropped("invalid", trace_id, f"{type(exc).__name__}: {exc}")
             return False
         return True
+
+    def forget(self, call: CallRecord) -> None:
+        """Take back a call queued before the policy answered, which it then did not (a fallback): its row,
+        and its trace's when the call was the trace's only one. Queued after the call's own write."""
+        with contextlib.suppress(StoreUnavailable):  # then the call's own write was not taken either
+            self.store.submit(call.forget)
 
     def dropped(self, reason: str, trace_id: str, detail: str) -> None:
         """A sampled call the store did not take: counted, and logged (once a second per reason, with a count)."""

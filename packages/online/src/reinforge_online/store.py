@@ -195,8 +195,8 @@ class CallRecord:
         if row is None or row[0] != "streaming" or row[1] in ("committing", "committed"):
             return False
         db.execute(
-            "UPDATE calls SET response = ?, prompt_token_ids = ?, token_ids = ?, logprobs = ?, timing = ?, state = ?"
-            " WHERE call_id = ?",
+            "UPDATE calls SET response = ?, prompt_token_ids = ?, token_ids = ?, logprobs = ?, timing = ?, state = ?,"
+            " policy_version = ? WHERE call_id = ?",
             (
                 _dumps(self.response),
                 _dumps_opt(self.prompt_token_ids),
@@ -204,10 +204,19 @@ class CallRecord:
                 _dumps_opt(self.logprobs),
                 _dumps(self.timing),
                 state,
+                self.policy_version,
                 self.call_id,
             ),
         )
         return True
+
+    def forget(self, db: sqlite3.Connection) -> None:
+        """Delete this call, and its trace when nothing else is in it (a call that never got an answer)."""
+        db.execute("DELETE FROM calls WHERE call_id = ? AND state = 'streaming'", (self.call_id,))
+        (left,) = db.execute("SELECT COUNT(*) FROM calls WHERE trace_id = ?", (self.trace_id,)).fetchone()
+        if not left:
+            for table in ("feedback", "rewards", "traces"):
+                db.execute(f"DELETE FROM {table} WHERE trace_id = ?", (self.trace_id,))  # a fixed table name
 
 
 def _dumps(value: Any) -> str:
