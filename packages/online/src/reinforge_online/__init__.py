@@ -9,6 +9,7 @@ from .errors import ApiError
 from .feedback import feedback_token
 from .selection import ExplicitMarking, SamplingRate, Selection, SelectionRequest, build_selection
 from .store import CallRecord, StoreUnavailable, TraceStore
+from .versions import CheckResult, CheckSpec, Version, VersionedCommitter
 
 if TYPE_CHECKING:
     from .trainer import OnlineChatModel, OnlineChatResponse, OnlineTrainer
@@ -30,6 +31,8 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "ApiError",
     "CallRecord",
+    "CheckResult",
+    "CheckSpec",
     "Committer",
     "CommitterContext",
     "CommitterPlan",
@@ -44,6 +47,8 @@ __all__ = [
     "SelectionRequest",
     "StoreUnavailable",
     "TraceStore",
+    "Version",
+    "VersionedCommitter",
     "__version__",
     "build_committer",
     "build_selection",
