@@ -12,7 +12,16 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from .asgi import CLOSE_ROUTE, FEEDBACK_ROUTE, CountRequests, GatewayApp, error_handlers, quiet_aborts
+from .asgi import (
+    CLOSE_ROUTE,
+    FEEDBACK_ROUTE,
+    ROLLBACK_ROUTE,
+    VERSIONS_ROUTE,
+    CountRequests,
+    GatewayApp,
+    error_handlers,
+    quiet_aborts,
+)
 from .config import CHAT_ROUTE, OnlineSettings, Secrets
 from .gateway import Gateway
 from .metrics import Metrics
@@ -68,6 +77,8 @@ def build_app(
             Route("/metrics", gw.metrics_text, methods=["GET"]),
             Route(FEEDBACK_ROUTE, gw.post_feedback, methods=["POST"]),
             Route(CLOSE_ROUTE, gw.close_trace, methods=["POST"]),
+            Route(VERSIONS_ROUTE, gw.versions, methods=["GET"]),
+            Route(ROLLBACK_ROUTE, gw.rollback, methods=["POST"]),
         ],
         exception_handlers=error_handlers(),
         lifespan=lifespan,

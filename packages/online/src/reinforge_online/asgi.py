@@ -30,6 +30,8 @@ __all__ = [
     "CLOSE_ROUTE",
     "FEEDBACK_ROUTE",
     "PATH_KEY",
+    "ROLLBACK_ROUTE",
+    "VERSIONS_ROUTE",
     "CountRequests",
     "GatewayApp",
     "StreamResponse",
@@ -41,10 +43,12 @@ __all__ = [
 ]
 
 FEEDBACK_ROUTE = "/online/v1/feedback"
+VERSIONS_ROUTE = "/online/v1/versions"
+ROLLBACK_ROUTE = "/online/v1/rollback"
 CLOSE_ROUTE = "/online/v1/traces/{trace_id}/close"
 _CLOSE_PREFIX, _CLOSE_SUFFIX = CLOSE_ROUTE.split("{trace_id}")
 PATH_KEY = "reinforge_online.path"  # the path a request took, for the request counter
-_ROUTES = (CHAT_ROUTE, "/v1/models", "/healthz", "/metrics", FEEDBACK_ROUTE)
+_ROUTES = (CHAT_ROUTE, "/v1/models", "/healthz", "/metrics", FEEDBACK_ROUTE, VERSIONS_ROUTE, ROLLBACK_ROUTE)
 _BUFFERED = 1 << 20  # bodies up to this size with a content-length go out in one piece
 _log = logging.getLogger("reinforge_online")
 _aborted: contextvars.ContextVar[bool] = contextvars.ContextVar("reinforge_online_aborted", default=False)

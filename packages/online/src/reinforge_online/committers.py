@@ -47,6 +47,8 @@ from reinforge.plugin import (
     suggest,
 )
 
+from .versions import Version
+
 __all__ = [
     "COMMITTERS",
     "NONE",
@@ -78,7 +80,9 @@ class Committer(Protocol):
     ``close()``, called once when the gateway or trainer stops.
     """
 
-    def send(self, batch_id: str, rows: list[dict[str, Any]]) -> None: ...
+    def send(self, batch_id: str, rows: list[dict[str, Any]]) -> Version | None:
+        """Hand the batch on; None (a :class:`~reinforge_online.versions.VersionedCommitter` returns the
+        version the batch made, which the promotion gate then decides about)."""
 
 
 @dataclass(frozen=True)

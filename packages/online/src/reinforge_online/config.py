@@ -32,11 +32,13 @@ __all__ = [
     "AuthSettings",
     "CommitterSettings",
     "FeedbackSettings",
+    "GateSettings",
     "LimitSettings",
     "ListenSettings",
     "OnlineSettings",
     "PolicySettings",
     "RewardSettings",
+    "RollbackSettings",
     "Secrets",
     "SelectionSettings",
     "ShadowSettings",
@@ -291,6 +293,44 @@ class RewardSettings(Settings):
 
 
 @dataclass
+class GateSettings(Settings):
+    """The promotion gate: a candidate is served only when its score on the check set (a run file's eval
+    dataset, workflow and judges, bounded in size and time) is at least the live version's minus ``margin``."""
+
+    run: str = ""  # a run file (relative to online.yaml)
+    split: str | None = None  # the eval split to read (default: the run file's eval_dataset as it is)
+    limit: int = 64  # tasks at most (the first ones: every version gets the same)
+    timeout_s: float = 600.0  # a check that takes longer refuses the candidate
+    margin: float = 0.0
+
+    def check(self) -> None:
+        if not self.run.strip():
+            raise FieldError("run", "name the run file whose eval dataset, workflow and judges make the check set")
+        at_least("limit", self.limit, 1)
+        at_least("timeout_s", self.timeout_s, 0.0, strict=True)
+        finite("margin", self.margin)
+        at_least("margin", self.margin, 0.0)
+
+
+@dataclass
+class RollbackSettings(Settings):
+    """Automatic rollback: the live version's rolling reward against its predecessor's."""
+
+    enabled: bool = True
+    window: int = 50  # the last this many rewarded traces of each version
+    min_traces: int = 20  # each side needs this many before anything is decided
+    margin: float = 0.1  # rolled back when the live mean is below the predecessor's by more than this
+
+    def check(self) -> None:
+        at_least("window", self.window, 1)
+        at_least("min_traces", self.min_traces, 1)
+        if self.min_traces > self.window:
+            raise FieldError("min_traces", f"must be at most window ({self.window}), got {self.min_traces}")
+        at_least("margin", self.margin, 0.0)
+        finite("margin", self.margin)
+
+
+@dataclass
 class ShadowSettings(Settings):
     """Shadow mode: sampled requests are answered by the upstream and re-run on the policy in the background.
 
@@ -332,6 +372,8 @@ class OnlineSettings(Settings):
     shadow: ShadowSettings = field(default_factory=ShadowSettings)
     redact: str | None = None
     shutdown_timeout_s: float = 10.0
+    gate: GateSettings | None = None
+    rollback: RollbackSettings = field(default_factory=RollbackSettings)
     base_dir: str | None = field(default=None, metadata={"yaml": False})  # the file's folder, for `redact`
 
     def check(self) -> None:
@@ -427,6 +469,13 @@ def load_config(path: str | Path, *, dev: bool = False) -> OnlineSettings:
         where_to = Path(part.path).expanduser()
         if not where_to.is_absolute():
             part.path = str((file.parent / where_to).resolve())
+    if settings.gate is not None:
+        gate_run = Path(settings.gate.run).expanduser()
+        if not gate_run.is_absolute():
+            gate_run = (file.parent / gate_run).resolve()
+        if not gate_run.is_file():
+            raise ConfigError(f"{where}: gate.run: {settings.gate.run!r} does not exist (looked for {gate_run})")
+        settings.gate.run = str(gate_run)
     if settings.reward is not None and settings.reward.run is not None:
         run = Path(settings.reward.run).expanduser()
         if not run.is_absolute():

@@ -31,6 +31,7 @@ from .config import CHAT_ROUTE, OnlineSettings, Secrets
 from .errors import ApiError
 from .metrics import Metrics
 from .pipeline import Pipeline, task_of
+from .promotion import PromotionError
 from .proxy import Upstream, UpstreamError, UpstreamResponse, request_headers
 from .ratelimit import RateLimiter
 from .redact import Redactor
@@ -565,3 +566,56 @@ class Gateway:
             )
         scoring = state == "open" and self.pipeline.rewards is not None
         return JSONResponse({"trace_id": trace_id, "state": state, "scoring": scoring})
+
+    # -- versions (admin) ----------------------------------------------------------------------
+
+    def _promoter(self, request: Request) -> Any:
+        auth.check_admin(request.headers.get("authorization"), self.secrets.admin_key)
+        promoter = self.pipeline.promoter
+        if promoter is None:
+            raise ApiError(
+                "this gateway's committer makes no policy versions (committer.kind: local does)",
+                status=404,
+                code="no_versions",
+                kind="not_found_error",
+            )
+        return promoter
+
+    async def versions(self, request: Request) -> Response:
+        """``GET /online/v1/versions`` (admin key): every version, the live one, the latest decisions."""
+        promoter = self._promoter(request)
+        loop = asyncio.get_running_loop()
+        records, decisions = await loop.run_in_executor(None, lambda: (promoter.versions(), promoter.decisions()))
+        live = next((v.seq for v in records if v.state == "live"), None)
+        return JSONResponse(
+            {"live": live, "versions": [v.public() for v in records], "decisions": decisions},
+        )
+
+    async def rollback(self, request: Request) -> Response:
+        """``POST /online/v1/rollback {"version": N}`` (admin key; no version: the live one's predecessor).
+
+        Waits for a gate check in progress (it holds the same lock); 409 when the version cannot be served again.
+        """
+        promoter = self._promoter(request)
+        raw = await self._read(request, SMALL_BODY)
+        body = parse_json(raw) if raw.strip() else {}
+        unknown = sorted(set(body) - {"version"})
+        if unknown:
+            raise ApiError(f"unknown field(s) {unknown}", param=unknown[0], code="unknown_field")
+        to = body.get("version")
+        if to is not None and (isinstance(to, bool) or not isinstance(to, int)):
+            raise ApiError("version: must be a version number (an integer)", param="version", code="invalid_type")
+        loop = asyncio.get_running_loop()
+        try:
+            now = await loop.run_in_executor(
+                None, lambda: promoter.rollback(to, reason="an operator asked (admin route)")
+            )
+        except PromotionError as exc:
+            raise ApiError(
+                str(exc), status=409, param="version", code="cannot_roll_back", kind="conflict_error"
+            ) from exc
+        except Exception as exc:  # noqa: BLE001 - the committer could not serve it: say so, nothing changed
+            raise ApiError(
+                f"the rollback failed: {type(exc).__name__}: {exc}", status=502, code="rollback_failed"
+            ) from exc
+        return JSONResponse({"live": now.seq, "name": now.name})

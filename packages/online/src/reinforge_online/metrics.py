@@ -98,6 +98,25 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.version_decisions = Counter(
+            "reinforge_online_version_decisions",
+            "policy versions by what happened to them (candidate, promoted, refused, rolled_back, manual_rollback)",
+            ["decision"],
+            registry=r,
+        )
+        self.live_version = Gauge("reinforge_online_live_version", "the number of the version being served", registry=r)
+        self.check_score = Gauge(
+            "reinforge_online_check_score",
+            "the gate's check-set score of the live version and of the last candidate",
+            ["version"],
+            registry=r,
+        )
+        self.rolling_reward = Gauge(
+            "reinforge_online_rolling_reward",
+            "mean reward over the last rollback.window traces of the live version and of its predecessor",
+            ["version"],
+            registry=r,
+        )
         self.added = Histogram(
             "reinforge_online_added_latency_seconds",
             "time spent in the gateway itself (before forwarding and after the response arrived), by path",

@@ -95,6 +95,11 @@ class Outbox:
     :param target: what the batches table records as the batches' destination (the committer's kind).
     :param on_commit: called with the batch id and its size once a batch is committed.
     :param on_failure: called with the batch id when sending it failed (it is retried).
+    :param on_start: called on the outbox's thread before anything is sent (and again before the next pass
+        while it raises): the promotion gate's start.
+    :param on_sent: called with the batch id and what ``send`` returned once a batch is committed, when that is
+        not None (a :class:`~reinforge_online.versions.Version`: the gate decides whether it is served).
+    :param after_pass: called after every pass (the rollback watch).
     """
 
     def __init__(
@@ -109,6 +114,9 @@ class Outbox:
         on_commit: Callable[[str, int], None] | None = None,
         on_failure: Callable[[str], None] | None = None,
         target: str = "committer",
+        on_start: Callable[[], None] | None = None,
+        on_sent: Callable[[str, Any], object] | None = None,
+        after_pass: Callable[[], Any] | None = None,
     ) -> None:
         self.store = store
         self.committer = committer
@@ -119,6 +127,9 @@ class Outbox:
         self.retry_s = retry_s
         self._on_commit = on_commit or (lambda batch_id, n: None)
         self._on_failure = on_failure or (lambda batch_id: None)
+        self._on_start = on_start
+        self._on_sent = on_sent
+        self._after_pass = after_pass
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._flush = True
@@ -156,6 +167,7 @@ class Outbox:
 
         :raises Exception: what the store or the committer raised (the batch stays ``committing``).
         """
+        self._begin()
         done = []
         for batch_id in self.store.submit(lambda db: _pending(db, self.store)).result():
             self._send(batch_id)
@@ -174,10 +186,16 @@ class Outbox:
             self._send(batch_id)
             done.append(batch_id)
 
+    def _begin(self) -> None:
+        """``on_start`` once, before the first send (again at the next pass while it raises)."""
+        if self._on_start is not None:
+            self._on_start()
+            self._on_start = None
+
     def _send(self, batch_id: str) -> None:
         rows = batch_rows(self.store, batch_id)
         try:
-            self.committer.send(batch_id, rows)
+            made = self.committer.send(batch_id, rows)
         except Exception:
             self._on_failure(batch_id)
             raise
@@ -187,9 +205,12 @@ class Outbox:
             self.committed.append(batch_id)
             self._lock.notify_all()
         self._on_commit(batch_id, len(rows))
+        if made is not None and self._on_sent is not None:
+            self._on_sent(batch_id, made)
 
     def _resume(self) -> None:
         """At start: resend the batches a crash left ``committing``; count the rewarded traces waiting."""
+        self._begin()
         for batch_id in self.store.submit(lambda db: _pending(db, self.store)).result():
             self._send(batch_id)
         self.rewarded(self.store.submit(_waiting).result())
@@ -220,7 +241,12 @@ class Outbox:
                     self._attempt(self.run_once)  # a last pass; a failure leaves the batch for the next start
                 return
             self._wake.clear()
-            wait = self._attempt(self.run_once)
+            wait = self._attempt(self._pass)
+
+    def _pass(self) -> None:
+        self.run_once()
+        if self._after_pass is not None:
+            self._after_pass()
 
     def stop(self, timeout: float = 10.0, *, flush: bool = True) -> bool:
         """Stop the thread, after a last pass when ``flush`` (within ``timeout``); whether it stopped with

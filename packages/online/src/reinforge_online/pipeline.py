@@ -19,15 +19,19 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from reinforge.plugin import ConfigError
+
 from . import feedback
 from .committers import Committer, CommitterContext, build_committer
 from .config import CHAT_ROUTE, OnlineSettings, Secrets
 from .metrics import Metrics
 from .outbox import Outbox
+from .promotion import Promoter
 from .redact import Redactor, resolve_redactor
 from .rewards import RewardCalculator, build_composer
 from .selection import Selection, SelectionRequest, build_selection, selection_secret, session_of
 from .store import CallRecord, StoreUnavailable, TraceClosed, TraceStore, open_store, trace_state
+from .versions import VersionedCommitter
 
 __all__ = ["Pipeline", "task_of"]
 
@@ -89,6 +93,7 @@ class Pipeline:
         self._drop_lock = threading.Lock()
         self._drop_log: dict[str, tuple[float, int]] = {}  # reason -> (last logged, lines suppressed since)
         self.rewards = self._rewards(settings, composer)
+        self.promoter = self._promoter(settings, where)
         self.outbox = self._outbox(settings)
         self._started = False
 
@@ -122,10 +127,23 @@ class Pipeline:
             )
         return build_committer(c.kind, c.args, context)
 
+    def _promoter(self, settings: OnlineSettings, where: str) -> Promoter | None:
+        """The promotion gate and rollback, for a committer that trains the served policy (else None)."""
+        if not isinstance(self.committer, VersionedCommitter):
+            if settings.gate is not None:
+                self._close_committer()
+                raise ConfigError(
+                    f"{where}: gate: the promotion gate needs a committer that trains the served policy"
+                    f" (kind: local); {settings.committer.kind!r} makes no versions"
+                )
+            return None
+        return Promoter(self.store, self.committer, self.metrics, gate=settings.gate, rollback=settings.rollback)
+
     def _outbox(self, settings: OnlineSettings) -> Outbox | None:
         c = settings.committer
         if self.committer is None:
             return None
+        promoter = self.promoter
         return Outbox(
             self.store,
             self.committer,
@@ -136,6 +154,9 @@ class Pipeline:
             on_commit=self._batch_committed,
             on_failure=lambda batch_id: self.metrics.batches.labels("failed").inc(),
             target=c.kind if self._owns_committer else type(self.committer).__name__,
+            on_start=promoter.start if promoter is not None else None,
+            on_sent=(lambda batch_id, version: promoter.on_version(version)) if promoter is not None else None,
+            after_pass=promoter.watch if promoter is not None else None,
         )
 
     def start(self) -> Pipeline:
@@ -145,6 +166,8 @@ class Pipeline:
             if self.rewards is not None:
                 self.rewards.start()
             if self.outbox is not None:
+                if self.promoter is not None and self.promoter.gate is None:
+                    _log.warning("no promotion gate (gate:): every version the committer trains is served at once")
                 self.outbox.start()
             else:
                 _log.warning(

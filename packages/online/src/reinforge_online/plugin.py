@@ -38,3 +38,15 @@ def register_commands(register: Any) -> None:
     from .cli import HELP, add_arguments, run
 
     register("online serve", run, help=HELP, arguments=add_arguments)
+
+    from .admin_cli import (
+        ROLLBACK_HELP,
+        VERSIONS_HELP,
+        rollback_arguments,
+        run_rollback,
+        run_versions,
+        versions_arguments,
+    )
+
+    register("online versions", run_versions, help=VERSIONS_HELP, arguments=versions_arguments)
+    register("online rollback", run_rollback, help=ROLLBACK_HELP, arguments=rollback_arguments)

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 __all__ = ["SCHEMA_VERSION", "CallRecord", "StoreUnavailable", "TraceClosed", "TraceStore", "open_store"]
 
 _log = logging.getLogger("reinforge_online.store")
-SCHEMA_VERSION = 2  # 2: calls.state (a stream's call is stored when it starts, completed when it ends)
+SCHEMA_VERSION = 2  # 2: calls.state (a stream's call is stored when it starts, completed when it ends); the
+# versions and decisions tables (policy versions and the promotion gate's decisions: created with the others)
 T = TypeVar("T")
 Write = Callable[[sqlite3.Connection], Any]
 
@@ -77,6 +78,22 @@ CREATE TABLE IF NOT EXISTS feedback (
     body TEXT NOT NULL,
     created_at {real} NOT NULL,
     PRIMARY KEY (trace_id, idempotency_key)
+);
+CREATE TABLE IF NOT EXISTS versions (
+    seq INTEGER PRIMARY KEY,
+    name TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at {real} NOT NULL,
+    parent INTEGER,
+    score {real},
+    data TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS decisions (
+    at {real} NOT NULL,
+    version INTEGER,
+    decision TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    data TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS batches (
     batch_id TEXT PRIMARY KEY,
@@ -665,7 +682,7 @@ class TraceStore:
 
     def count(self, table: str) -> int:
         """Rows of one of the store's tables."""
-        if table not in ("traces", "calls", "rewards", "feedback", "batches"):
+        if table not in ("traces", "calls", "rewards", "feedback", "batches", "versions", "decisions"):
             raise ValueError(f"not a table of the trace store: {table!r}")
         return int(self._read(f"SELECT COUNT(*) FROM {table}")[0][0])  # a checked table name
 
