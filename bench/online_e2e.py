@@ -28,6 +28,15 @@ is measured straight at the server before the users start and after they stop (a
 stopped (SIGTERM) and every trace a user was acknowledged (a response with ``x-reinforge-trace-id``) is
 looked up in the SQLite store: none may be missing.
 
+The promotion gate (``--gate-n``, default 100): the last ``--gate-n`` questions of train.jsonl are the check
+set (a run file written into the work folder: the math example's workflow and its trusted judges, greedy;
+users never ask them), and each trained version is served only when it scores at least the live one
+(``--gate-margin``). ``--poison-from-min A --poison-to-min B`` poisons the reward calculator for that stretch:
+its correctness judge pays wrong answers and not right ones (a flag file the judge reads). After the run
+every version that was live is measured on the held-out test set (its checkpoint swapped into the server):
+the served policy's accuracy over time, its best, and its worst drop below the best so far; and the gate's
+promotions, refusals and rollbacks (``GET /online/v1/versions``).
+
 Prints a markdown summary, then a JSON object as its last stdout line. Needs reinforge-backend-local and
 reinforge-online (with aiohttp) in this Python: ``nox -s bench -- online_e2e`` installs them.
 """
@@ -69,7 +78,26 @@ KEYS = {
 UPSTREAM_HEADERS = {"authorization": f"Bearer {KEYS['E2E_UPSTREAM_KEY']}", "content-type": "application/json"}
 GATEWAY_HEADERS = {"authorization": f"Bearer {KEYS['E2E_TRAFFIC_KEY']}", "content-type": "application/json"}
 PROBE_WARMUP = 5
-TARGETS = {"versions": 5, "accuracy_gain_points": 15.0, "unsampled_added_p50_ms": 1.0, "unsampled_added_p99_ms": 5.0}
+TARGETS = {
+    "versions": 5,
+    "accuracy_gain_points": 15.0,
+    "unsampled_added_p50_ms": 1.0,
+    "unsampled_added_p99_ms": 5.0,
+    "max_drop_below_best_points": 5.0,
+}
+POISON_JUDGE = '''"""The reward calculator's correctness judge, poisoned while the flag file exists: it pays wrong answers."""
+
+from pathlib import Path
+
+from reinforge.judges.rules import last_number as trusted
+
+FLAG = Path(__file__).with_name("POISONED")
+
+
+def last_number(task, response):
+    out = trusted(task, response)
+    return 1.0 - out.reward if FLAG.exists() else out
+'''
 
 
 def rows(path: Path) -> list[dict[str, Any]]:
@@ -318,8 +346,29 @@ class Users:
 # -- main ----------------------------------------------------------------------------------------------------------
 
 
+def run_file(work: Path, name: str, correct: str, eval_split: str | None = None) -> Path:
+    """A copy of the math example's run file in ``work`` (its workflow and judges beside it), with the
+    correctness judge ``correct`` and, for the gate, the check set as its eval dataset."""
+    import shutil
+
+    for module in ("workflow.py", "judges.py"):
+        shutil.copy(MATH / module, work / module)
+    text = (MATH / "run.yaml").read_text()
+    text = text.replace("  - name: last_number\n", f"  - name: {correct}\n")
+    text = text.replace("path: data, split: train", f"path: {MATH / 'data'}, split: train")
+    if eval_split is not None:
+        text = text.replace(
+            "eval_dataset: {path: data, split: test}", f"eval_dataset: {{path: {work / 'check'}, split: {eval_split}}}"
+        )
+    path = work / name
+    path.write_text(text)
+    return path
+
+
 def gateway_config(work: Path, port: int, serve: str, upstream: str, args: argparse.Namespace) -> Path:
-    config = {
+    (work / "poison.py").write_text(POISON_JUDGE)
+    reward_run = run_file(work, "reward.yaml", "poison:last_number")  # poisoned only while work/POISONED exists
+    config: dict[str, Any] = {
         "upstream": {"url": upstream, "key_env": "E2E_UPSTREAM_KEY"},
         "policy": {"url": f"{serve}/v1", "model": SERVED, "key_env": "E2E_SERVE_KEY", "timeout_s": 120},
         "listen": {"host": "127.0.0.1", "port": port},
@@ -331,7 +380,7 @@ def gateway_config(work: Path, port: int, serve: str, upstream: str, args: argpa
         "mode": "route",
         "selection": {"sampling_rate": args.sampling, "salt": "e2e"},
         "store": {"path": str(work / "traces.sqlite")},
-        "reward": {"run": str(MATH / "run.yaml"), "close_after_s": 0},
+        "reward": {"run": str(reward_run), "close_after_s": 0},
         "committer": {
             "kind": "local",
             "interval_s": args.commit_s,
@@ -348,9 +397,100 @@ def gateway_config(work: Path, port: int, serve: str, upstream: str, args: argpa
             },
         },
     }
+    if args.gate_n > 0:
+        config["gate"] = {
+            "run": str(run_file(work, "check.yaml", "last_number", eval_split="check")),
+            "limit": args.gate_n,
+            "margin": args.gate_margin,
+            "timeout_s": 600,
+        }
+    config["rollback"] = {"window": 50, "min_traces": 20, "margin": args.rollback_margin}
     path = work / "online.yaml"
     path.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
     return path
+
+
+def versions_of(gateway: str) -> dict[str, Any]:
+    """The gateway's versions and decisions (its admin route)."""
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{gateway}/online/v1/versions", headers={"authorization": f"Bearer {KEYS['E2E_ADMIN_KEY']}"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        answer: dict[str, Any] = json.loads(r.read())
+        return answer
+
+
+def stored_versions(db: Path) -> dict[str, Any]:
+    """The versions and decisions tables, in the shape of ``GET /online/v1/versions``."""
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        versions = []
+        for seq, name, state, created, parent, score, data in con.execute(
+            "SELECT seq, name, state, created_at, parent, score, data FROM versions ORDER BY seq"
+        ):
+            extra = json.loads(data or "{}")
+            versions.append(
+                {
+                    "version": seq,
+                    "name": name,
+                    "state": state,
+                    "created_at": created,
+                    "parent": parent,
+                    "score": score,
+                    "check": extra.get("check"),
+                    "stints": extra.get("stints") or [],
+                    "detail": extra.get("detail") or {},
+                }
+            )
+        decisions = [
+            {"at": at, "version": v, "decision": d, "reason": r}
+            for at, v, d, r in con.execute("SELECT at, version, decision, reason FROM decisions ORDER BY at DESC")
+        ]
+    finally:
+        con.close()
+    live = next((v["version"] for v in versions if v["state"] == "live"), None)
+    return {"live": live, "versions": versions, "decisions": decisions}
+
+
+def swap(serve: str, checkpoint: str | None) -> str:
+    """The server serves ``checkpoint`` (None: the base model); its policy version."""
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{serve}/admin/adapter",
+        data=json.dumps({"path": checkpoint}).encode(),
+        headers={"authorization": f"Bearer {KEYS['E2E_SERVE_ADMIN']}", "content-type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return str(json.loads(r.read())["policy_version"])
+
+
+def served_over_time(serve: str, listing: dict[str, Any], tests: list[dict[str, Any]], t0: float) -> dict[str, Any]:
+    """Held-out accuracy of every version that was live, in the order they were served, and the worst drop of
+    the served policy below its best so far (points)."""
+    stints = []
+    for v in listing["versions"]:
+        for s in v["stints"]:
+            stints.append((float(s["from"]), v))
+    stints.sort(key=lambda pair: pair[0])
+    measured: dict[int, float] = {}
+    timeline = []
+    for start, v in stints:
+        if v["version"] not in measured:
+            swap(serve, (v["detail"] or {}).get("checkpoint") or (v["detail"] or {}).get("adapter"))
+            measured[v["version"]] = asyncio.run(accuracy(serve, tests))["accuracy"]
+            print(f"held-out v{v['version']} ({v['name']}): {measured[v['version']]:.1%}", file=sys.stderr)
+        timeline.append(
+            {"minute": round((start - t0) / 60, 2), "version": v["version"], "accuracy": measured[v["version"]]}
+        )
+    best, worst_drop = 0.0, 0.0
+    for point in timeline:
+        best = max(best, point["accuracy"])
+        worst_drop = max(worst_drop, (best - point["accuracy"]) * 100)
+    return {"timeline": timeline, "best": best, "worst_drop_points": round(worst_drop, 1)}
 
 
 def store_report(db: Path, acknowledged: list[str]) -> dict[str, Any]:
@@ -405,6 +545,13 @@ def main() -> None:
     p.add_argument("--eval-n", type=int, default=200, help="held-out questions before and after (200)")
     p.add_argument("--eval-every-min", type=float, default=0.0, help="a held-out check every N minutes (0: none)")
     p.add_argument("--eval-mid-n", type=int, default=50, help="questions of each mid-run check (50)")
+    p.add_argument(
+        "--gate-n", type=int, default=100, help="check-set questions of the promotion gate (100; 0: no gate)"
+    )
+    p.add_argument("--gate-margin", type=float, default=0.0, help="the gate's margin (0.0)")
+    p.add_argument("--rollback-margin", type=float, default=0.1, help="rollback.margin (0.1)")
+    p.add_argument("--poison-from-min", type=float, help="the reward calculator pays wrong answers from this minute...")
+    p.add_argument("--poison-to-min", type=float, help="... to this one")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", type=Path, help="configs, logs, store, run folder (default: a temporary folder)")
     args = p.parse_args()
@@ -416,6 +563,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, **KEYS, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "NO_PROXY": "127.0.0.1,localhost"}
     train, tests = rows(MATH / "data" / "train.jsonl"), rows(MATH / "data" / "test.jsonl")[: args.eval_n]
+    if args.gate_n > 0:  # the gate's check set: questions users never ask
+        train, check = train[: -args.gate_n], train[-args.gate_n :]
+        (work / "check").mkdir()
+        (work / "check" / "check.jsonl").write_text("".join(json.dumps(r) + "\n" for r in check))
     py = sys.executable
     serve_port, fake_port, gw_port = free_port(), free_port(), free_port()
     serve_url, upstream_v1 = f"http://127.0.0.1:{serve_port}", f"http://127.0.0.1:{fake_port}/v1"
@@ -470,11 +621,22 @@ def main() -> None:
         mid: list[dict[str, Any]] = []
 
         started = time.monotonic()
+        started_wall = time.time()
+
+        flag = work / "POISONED"
 
         def on_minute(minute: int) -> None:
             v = version_now()
             versions.append({"minute": minute, "policy_version": v})
-            print(f"minute {minute}: policy version {v}", file=sys.stderr)
+            if args.poison_from_min is not None and args.poison_to_min is not None:
+                poisoned = args.poison_from_min <= minute < args.poison_to_min
+                if poisoned and not flag.exists():
+                    flag.write_text("the reward calculator pays wrong answers\n")
+                elif not poisoned and flag.exists():
+                    flag.unlink()
+            print(
+                f"minute {minute}: policy version {v}{' (poisoned rewards)' if flag.exists() else ''}", file=sys.stderr
+            )
 
         users = Users(gw_url, upstream_v1, train, args)
 
@@ -495,14 +657,21 @@ def main() -> None:
         asyncio.run(drive())
         result["users_s"] = round(time.monotonic() - started, 1)
         versions.append({"minute": "end", "policy_version": version_now()})
+        flag.unlink(missing_ok=True)
+        result["versions_route"] = versions_of(gw_url)  # the admin route, as an operator sees it mid-run
         result["gateway_exit"] = gateway.stop(timeout=180)  # a last commit may train one more batch first
+        listing = stored_versions(work / "traces.sqlite")  # ... so the final word is the store's
+        result["version_listing"] = listing
+        decided = [d["decision"] for d in listing["decisions"]]
+        result["decisions"] = {k: decided.count(k) for k in sorted(set(decided))}
         result["versions"] = versions
         result["policy_version_end"] = version_now()
-        after = asyncio.run(accuracy(serve_url, tests))
+        after = asyncio.run(accuracy(serve_url, tests))  # what the server serves: the live version
         print(f"held-out after: {after}", file=sys.stderr)
         result.update(
             accuracy_before=before, accuracy_after=after, mid_checks=mid, counts=users.counts, errors=users.errors
         )
+        result["served"] = served_over_time(serve_url, listing, tests, started_wall)
         result["minutes"] = users.by_minute()
         result["store"] = store_report(work / "traces.sqlite", users.acknowledged)
     finally:
@@ -510,7 +679,7 @@ def main() -> None:
             proc.stop()
 
     gain = (result["accuracy_after"]["accuracy"] - result["accuracy_before"]["accuracy"]) * 100
-    swaps = int(result["policy_version_end"]) - int(result["policy_version_start"])
+    swaps = sum(1 for v in result["version_listing"]["versions"] if v["stints"]) - 1  # versions served after v0
 
     def worst(key: str) -> float | None:
         return max((m[key] for m in result["minutes"] if m[key] is not None), default=None)
@@ -525,6 +694,9 @@ def main() -> None:
         "worst_minute_users_added_p50_ms": worst("added_p50_ms"),
         "worst_minute_users_added_p99_ms": worst("added_p99_ms"),
         "lost_acknowledged_traces": result["store"]["lost"],
+        "decisions": result["decisions"],
+        "served_best": result["served"]["best"],
+        "served_worst_drop_points": result["served"]["worst_drop_points"],
         "targets": TARGETS,
         "met": {
             "versions": swaps >= TARGETS["versions"],
@@ -532,6 +704,7 @@ def main() -> None:
             "unsampled_p50": worst_p50 is not None and worst_p50 <= TARGETS["unsampled_added_p50_ms"],
             "unsampled_p99": worst_p99 is not None and worst_p99 <= TARGETS["unsampled_added_p99_ms"],
             "no_lost_traces": result["store"]["lost"] == 0,
+            "served_never_5_below_best": result["served"]["worst_drop_points"] <= TARGETS["max_drop_below_best_points"],
         },
     }
     print(
@@ -548,6 +721,15 @@ def main() -> None:
     print("|---|---|---|")
     for c in result["store"]["curve"]:
         print(f"| {c['policy_version']} | {c['traces']} | {c['mean_reward']:.3f} |")
+    print()
+    print("| minute served | version | held-out |")
+    print("|---|---|---|")
+    for point in result["served"]["timeline"]:
+        print(f"| {point['minute']} | v{point['version']} | {point['accuracy']:.1%} |")
+    print()
+    print("decisions:", ", ".join(f"{k} {n}" for k, n in result["decisions"].items()))
+    for d in reversed(result["version_listing"]["decisions"]):
+        print(f"  v{d['version']} {d['decision']}: {d['reason']}")
     print()
     b, a = result["accuracy_before"]["accuracy"], result["accuracy_after"]["accuracy"]
     print(f"held-out greedy accuracy: {b:.1%} -> {a:.1%} ({gain:+.1f} points); policy versions advanced: {swaps}")
