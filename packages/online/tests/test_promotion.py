@@ -339,3 +339,27 @@ def test_manual_rollback_refuses_what_cannot_come_back(tmp_path):
             pipeline.promoter.rollback(1)
     finally:
         pipeline.close()
+
+
+def test_versions_and_decisions_on_either_store(tmp_path, make_store):
+    """The gate's and rollback's rows on SQLite and (in the online_postgres session) on PostgreSQL."""
+    committer = Scripted([0.6, 0.4], base=0.5)
+    s = online(tmp_path, gate={"run": str(tmp_path / "check.yaml")}, rollback={"window": 4, "min_traces": 2})
+    pipeline = Pipeline(s, SECRETS, store=make_store(), committer=committer).start()
+    try:
+        assert pipeline.promoter is not None and pipeline.promoter.wait_decided(1, 10)
+        assert pipeline.outbox is not None
+        for _ in range(2):
+            reward_one(pipeline, served_as="1", wake=False)  # v0, served as "1", does well
+        pipeline.rewarded(2)
+        assert pipeline.outbox.wait_committed(1, 10) and pipeline.promoter.wait_decided(2, 10)  # v1: 0.6 >= 0.5
+        for _ in range(2):
+            reward_one(pipeline, served_as="2", reward=-1.0, wake=False)  # v1, served as "2", does badly
+        pipeline.rewarded(2)
+        assert pipeline.outbox.wait_committed(2, 10) and pipeline.promoter.wait_decided(3, 10)  # v2: 0.4 < 0.6
+        pipeline.promoter.watch()  # the outbox watches after each pass too: one of them rolls v1 back
+        assert pipeline.promoter.wait_decided(4, 10)
+        assert states(pipeline) == [(0, "step-0", "live"), (1, "step-1", "rolled_back"), (2, "step-2", "refused")]
+        assert [d["decision"] for d in pipeline.promoter.decisions()][:3] == ["rolled_back", "refused", "promoted"]
+    finally:
+        pipeline.close()
