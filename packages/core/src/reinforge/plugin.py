@@ -32,6 +32,9 @@ What is here:
   :func:`wants_agentscope`: a run file to its built components, for packages that run a
   run's workflow and judges outside ``reinforge tune`` (another engine's workers, a gateway).
 - :class:`ConfigurationError`: a component's permanent error (the run stops).
+- :class:`ApiError`, :func:`check_bearer`, :func:`bearer_matches`, :class:`CountResponses`: what the
+  family's OpenAI-compatible servers share (``reinforge serve``, the online gateway): OpenAI-style
+  errors, constant-time bearer keys, a response counter (:mod:`reinforge.serving`).
 
 Plugins add their own hookspecs in ``reinforge_addhooks(pluginmanager)``; a
 ``@hookimpl`` that matches no specification makes its plugin broken, with a
@@ -70,6 +73,7 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin module that imp
     from .registry import KINDS, Component, Kind, Registry
     from .rewards import RewardComposer
     from .runner import BatchResult, Runner
+    from .serving import ApiError, CountResponses, bearer, bearer_matches, check_bearer
     from .settings import FieldError, Settings, at_least, finite, in_range, one_of, suggest
     from .settings import load as load_settings
 
@@ -119,6 +123,11 @@ _LAZY = {
     "Kind": ("registry", "Kind"),
     "Registry": ("registry", "Registry"),
     "RewardComposer": ("rewards", "RewardComposer"),
+    "ApiError": ("serving", "ApiError"),
+    "CountResponses": ("serving", "CountResponses"),
+    "bearer": ("serving", "bearer"),
+    "bearer_matches": ("serving", "bearer_matches"),
+    "check_bearer": ("serving", "check_bearer"),
     "FieldError": ("settings", "FieldError"),
     "Settings": ("settings", "Settings"),
     "at_least": ("settings", "at_least"),
@@ -144,6 +153,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "KINDS",
     "AlgorithmConfig",
+    "ApiError",
     "Backend",
     "BatchResult",
     "BrokenPlugin",
@@ -154,6 +164,7 @@ __all__ = [
     "ConfigError",
     "ConfigurationError",
     "DatasetConfig",
+    "CountResponses",
     "FieldError",
     "Kind",
     "LiteLLMChatModel",
@@ -177,10 +188,13 @@ __all__ = [
     "accuracy_of",
     "tool_use_of",
     "at_least",
+    "bearer",
+    "bearer_matches",
     "build_component",
     "build_composer",
     "build_job",
     "check_accuracy_key",
+    "check_bearer",
     "collect",
     "finite",
     "get_plugin_manager",

@@ -19,7 +19,9 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from reinforge.plugin import CountResponses
 
 from .config import CHAT_ROUTE
 from .errors import ApiError
@@ -162,30 +164,14 @@ async def relayed(resp: UpstreamResponse, on_broken: Callable[[UpstreamError], N
     return out
 
 
-class CountRequests:
-    """ASGI middleware: every response counted by route, the path it took and its status."""
+class CountRequests(CountResponses):
+    """ASGI middleware: every response counted by route, the path it took and its status (core's counter)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
+        def count(scope: Any, status: int) -> None:
+            metrics.requests.labels(route_label(scope["path"]), scope.get(PATH_KEY, "gateway"), str(status)).inc()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = [500]
-
-        async def sending(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            self.metrics.requests.labels(
-                route_label(scope["path"]), scope.get(PATH_KEY, "gateway"), str(status[0])
-            ).inc()
+        super().__init__(app, count)
 
 
 class GatewayApp(Starlette):

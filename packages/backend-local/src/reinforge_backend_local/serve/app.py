@@ -23,9 +23,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp
 
-from reinforge.plugin import ConfigError
+from reinforge.plugin import ConfigError, CountResponses
 
 from ..engine import GenRequest, GenResult
 from ..policy import sampling_request
@@ -33,7 +33,7 @@ from ..scheduler import Stream, TokenEvent
 from . import auth, protocol, streaming, tool_calls
 from .metrics import Metrics
 from .model import AdapterError, ServedModel
-from .protocol import ApiError
+from .protocol import ApiError  # core's, re-exported there
 from .streaming import TextDeltas
 
 MAX_BODY_BYTES = 4 * 2**20
@@ -54,28 +54,13 @@ class _Job:
         return self.prompt_ids[choice // self.n]
 
 
-class _CountRequests:
-    """ASGI middleware: every response, errors included, counted by route and status."""
+class _CountRequests(CountResponses):
+    """ASGI middleware: every response, errors included, counted by route and status (core's counter)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = [500]
-
-        async def sending(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status[0] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, sending)
-        finally:
-            self.metrics.requests.labels(self.metrics.route(scope["path"]), str(status[0])).inc()
+        super().__init__(
+            app, lambda scope, status: metrics.requests.labels(metrics.route(scope["path"]), str(status)).inc()
+        )
 
 
 class Service:

@@ -1,13 +1,11 @@
-"""The traffic and admin keys: ``Authorization: Bearer <key>``, compared in constant time."""
+"""The traffic and admin keys: ``Authorization: Bearer <key>``, compared in constant time (core's
+:func:`reinforge.plugin.check_bearer`, shared with the online gateway)."""
 
 from __future__ import annotations
 
-import hmac
 import os
 
-from reinforge.plugin import ConfigError
-
-from .protocol import ApiError
+from reinforge.plugin import ApiError, ConfigError, check_bearer
 
 
 def key_from_env(name: str | None, option: str = "--api-key-env") -> str | None:
@@ -20,11 +18,6 @@ def key_from_env(name: str | None, option: str = "--api-key-env") -> str | None:
     return key
 
 
-def _matches(header: str | None, key: str) -> bool:
-    scheme, _, token = (header or "").partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
-
-
 def check_admin(header: str | None, key: str | None) -> None:
     """The admin routes: 403 without an admin key configured, 401 unless ``header`` carries it."""
     if key is None:
@@ -34,23 +27,9 @@ def check_admin(header: str | None, key: str | None) -> None:
             code="admin_disabled",
             kind="permission_error",
         )
-    if not _matches(header, key):
-        raise ApiError(
-            "missing or incorrect admin key: send Authorization: Bearer <admin key>",
-            status=401,
-            code="invalid_admin_key",
-            kind="invalid_request_error",
-        )
+    check_bearer(header, key, admin=True)
 
 
 def check(header: str | None, key: str | None) -> None:
     """Raise a 401 :class:`ApiError` unless ``header`` carries ``key`` (always passes when ``key`` is ``None``)."""
-    if key is None:
-        return
-    if not _matches(header, key):
-        raise ApiError(
-            "missing or incorrect API key: send Authorization: Bearer <key>",
-            status=401,
-            code="invalid_api_key",
-            kind="invalid_request_error",
-        )
+    check_bearer(header, key)

@@ -9,6 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from reinforge.plugin import ApiError
+
 # Accepted and without effect here (they change nothing a single local policy does).
 IGNORED = {"user", "metadata", "store", "parallel_tool_calls", "service_tier", "stream_options"}
 # Known OpenAI fields this server cannot honour: a request that sets them to a non-default value is a 400.
@@ -32,23 +34,6 @@ COMPLETION_FIELDS = SAMPLING | {"prompt", "logprobs", "return_token_ids"}
 MAX_N = 16
 MAX_STOP = 4
 MAX_TOP_LOGPROBS = 20
-
-
-class ApiError(Exception):
-    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}`` with an HTTP status."""
-
-    def __init__(
-        self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None, kind: str = ""
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.code = code
-        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass
