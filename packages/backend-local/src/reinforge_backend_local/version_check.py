@@ -56,10 +56,18 @@ class CheckTimeout(TimeoutError):
 
 
 def check_version(
-    trainer: Any, name: str, *, run: str, split: str | None, limit: int, timeout_s: float
+    trainer: Any,
+    name: str,
+    *,
+    run: str,
+    split: str | None,
+    limit: int,
+    timeout_s: float,
+    plugin_manager: Any = None,
 ) -> dict[str, Any]:
     """Score version ``name`` of ``trainer`` (an :class:`~.adapter_trainer.AdapterTrainer`) on ``run``'s eval set.
 
+    :param plugin_manager: where the run's components are looked up (default: the installed plugins).
     :returns: ``{"score", "tasks", "seconds", "metrics"}`` (tasks scored; every reward dimension's mean).
     :raises CheckTimeout: it took longer than ``timeout_s``.
     :raises ConfigError: the run file or its eval set is wrong (named), or the check set is empty.
@@ -68,7 +76,7 @@ def check_version(
     start = time.perf_counter()
     deadline = start + timeout_s
     cfg = load_run(run)
-    job = build_job(cfg, need_backend=False)  # the workflow and judges; no backend is involved
+    job = build_job(cfg, plugin_manager, need_backend=False)  # the workflow and judges; no backend is involved
     job.plugin_manager = None  # observers hear runs, not checks: the runner gets no hook relay (no on_trajectory)
     try:
         dataset = eval_dataset(cfg, split, limit)
