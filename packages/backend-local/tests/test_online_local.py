@@ -193,6 +193,18 @@ SAMPLES = [
 ]
 
 
+STUCK_WORKFLOW = """
+import asyncio
+from pathlib import Path
+
+
+async def workflow(task, model):
+    await model.chat([{"role": "user", "content": task["question"]}])
+    (Path(__file__).parent / "answered").touch()
+    await asyncio.Event().wait()
+"""
+
+
 def _math_run(tmp_path: Path, model: str = "smollm2-135m-instruct") -> Path:
     """A run file of the math example's workflow and judges over its first 8 test questions."""
     import shutil
@@ -272,6 +284,13 @@ def test_versions_are_checked_lent_and_restored_exactly(tmp_path: Path, model_fo
     assert _same(on_compute_thread(trainer.weights), current) and trainer.head == "step-2"
     with pytest.raises(CheckTimeout, match="took longer than 0.001 s"):
         check_version(trainer, "step-1", run=str(run_file), split=None, limit=8, timeout_s=0.001)
+    # a workflow that never ends: its rollouts are cancelled at the timeout, after the model answered once
+    (run_file.parent / "stuck.py").write_text(STUCK_WORKFLOW)
+    stuck = run_file.with_name("stuck.yaml")
+    stuck.write_text(run_file.read_text().replace("workflow: workflow:math_workflow", "workflow: stuck:workflow"))
+    with pytest.raises(CheckTimeout, match="on 2 tasks took longer than 5 s"):
+        check_version(trainer, "step-1", run=str(stuck), split=None, limit=2, timeout_s=5)
+    assert (run_file.parent / "answered").exists()
     assert _same(on_compute_thread(trainer.weights), current)
 
     # training goes back to step-1: its adapter, optimizer moments and extra; the next step is 3
@@ -334,3 +353,26 @@ def test_the_committer_checks_versions_in_its_worker(tmp_path: Path, model_folde
             assert committer.serve(version) == "1" and fake.paths == [str(tmp_path / "run" / "checkpoints" / "step-1")]
         finally:
             committer.close()
+
+
+def test_a_run_folder_from_before_versions_gets_its_step_0(tmp_path: Path, model_folder: Any) -> None:
+    import shutil
+
+    import torch
+
+    from reinforge.plugin import ModelConfig
+    from reinforge_backend_local.adapter_trainer import AdapterTrainer
+
+    lora = ModelConfig(model_path=str(model_folder), lora_rank=4, lora_alpha=8)
+    run = tmp_path / "run"
+    first = AdapterTrainer(run, model_path=str(model_folder), lora=lora, learning_rate=1e-2)
+    first.train("b1", SAMPLES)
+    shutil.rmtree(run / "initial")  # what 0.4 wrote: checkpoints only
+    trainer = AdapterTrainer(run, model_path=str(model_folder))
+    assert trainer.head == "step-1" and (run / "initial" / "adapter" / "adapter_config.json").exists()
+    assert _same(_peft_state(trainer), _checkpoint_adapter(run / "checkpoints" / "step-1"))
+    assert trainer.restore("step-0")
+    weights = trainer.weights()
+    lora_b = [w for name, w in weights.items() if ".lora_B." in name]
+    assert lora_b and all(torch.count_nonzero(w) == 0 for w in lora_b)  # a fresh LoRA: the base model's outputs
+    assert any(torch.count_nonzero(w) for name, w in weights.items() if ".lora_A." in name)
