@@ -118,8 +118,9 @@ def test_a_batch_without_a_trainable_call_makes_no_version(tmp_path, admin):
     sink = make_sink(tmp_path, server)
     try:
         rows = [row("a", 1.0, [pcall("q", [5], token_ids=None)]), row("b", None, [pcall("q", [6])])]
-        assert sink.send("b1", rows) is None and sink.send("b1", rows) is None
-        assert trained(sink.run_dir) == [] and sink.skipped_calls == 2
+        assert sink.send("b1", rows) is None and sink.skipped_calls == 1
+        assert sink.send("b1", rows) is None  # resent: still nothing to train
+        assert trained(sink.run_dir) == [] and not (sink.run_dir / "checkpoints").exists()
     finally:
         sink.close()
 
