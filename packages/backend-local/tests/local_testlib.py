@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import threading
 from pathlib import Path
 from typing import Any
@@ -18,25 +19,37 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from reinforge_backend_local.run_versions import INITIAL, RunVersions, step_name, write_json
+
 SCRIPTED = "local_testlib:scripted_trainer"
 SWAP_KEY = "swap-key"
 
 
 class ScriptedTrainer:
-    """The ``AdapterTrainer`` interface on JSON files: ``train`` appends its samples to ``trained.jsonl``.
+    """The ``AdapterTrainer`` interface without a model: checkpoints are folders with only their ``state.json``.
 
-    ``options["die_on"]``: the first time that batch id is trained the process exits (a crash mid-batch).
+    The versions' bookkeeping is the real one (``run_versions``: step numbers, the batch each checkpoint
+    trained, ``served.json``, ``head.json``, pruning); ``train`` also appends its samples to ``trained.jsonl``.
+    ``options["die_on"]``: the first time that batch id (``*``: any) is trained the process exits (a crash mid-batch);
+    ``options["hang_on"]``: that batch trains for ever (until the worker is stopped).
     """
 
     def __init__(self, options: dict[str, Any]) -> None:
         self.options = options
         self.run_dir = Path(options["run_dir"])
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        state = self.run_dir / "state.json"
-        self.state: dict[str, Any] = json.loads(state.read_text()) if state.exists() else {"step": 0, "batches": []}
+        self.versions = RunVersions(self.run_dir)
+        self.keep = int(options.get("keep_checkpoints") or 3)
+        self.head = self.versions.start()
+        self.state: dict[str, Any] = self._state_of(self.head)
         with open(self.run_dir / "starts.txt", "a") as f:
             f.write(f"{os.getpid()}\n")
         (self.run_dir / "nice.txt").write_text(str(os.nice(0)))
+
+    def _state_of(self, name: str) -> dict[str, Any]:
+        if name == INITIAL:
+            return {"step": 0, "batches": [], "extra": {}}
+        return dict(self.versions.state(self.versions.existing(name)))
 
     @property
     def step(self) -> int:
@@ -46,34 +59,66 @@ class ScriptedTrainer:
     def extra(self) -> dict[str, Any]:
         return dict(self.state.get("extra") or {})
 
-    def trained(self, batch_id: str) -> bool:
-        return batch_id in self.state["batches"]
-
     def latest(self) -> Path | None:
-        return self.run_dir / "checkpoints" / f"step-{self.step}" if self.step else None
+        return self.versions.latest()
+
+    def recorded(self, batch_id: str) -> Path | None:
+        return self.versions.recorded(batch_id)
+
+    def answer(self, folder: Path, *, trained: bool) -> dict[str, Any]:
+        return self.versions.answer(folder, trained=trained)
 
     def train(self, batch_id: str, samples: list[Any], *, extra: dict[str, Any]) -> dict[str, Any]:
-        if self.options.get("hang_on") == batch_id:  # a batch that trains for ever (until the worker is stopped)
+        if self.options.get("hang_on") == batch_id:
             (self.run_dir / "hanging").write_text(str(os.getpid()))
             threading.Event().wait()
         marker = self.run_dir / f"died-{batch_id}"
-        if self.options.get("die_on") == batch_id and not marker.exists():
+        if self.options.get("die_on") in (batch_id, "*") and not marker.exists():
             marker.touch()
             os._exit(3)
-        step = self.step + 1
-        folder = self.run_dir / "checkpoints" / f"step-{step}"
+        found = self.recorded(batch_id)
+        if found is not None:
+            return self.answer(found, trained=False)
+        step = self.versions.highest() + 1
+        folder = self.versions.folder(step_name(step))
         folder.mkdir(parents=True)
         with open(self.run_dir / "trained.jsonl", "a") as f:
             rows = [dataclasses.asdict(s) for s in samples]  # the worker hands over backend-local Sample objects
             f.write(
                 json.dumps(
-                    {"batch_id": batch_id, "samples": rows, "types": sorted({type(s).__name__ for s in samples})}
+                    {
+                        "batch_id": batch_id,
+                        "step": step,
+                        "parent": self.head,
+                        "samples": rows,
+                        "types": sorted({type(s).__name__ for s in samples}),
+                    }
                 )
                 + "\n"
             )
-        self.state = {"step": step, "batches": [*self.state["batches"], batch_id], "extra": extra}
-        (self.run_dir / "state.json").write_text(json.dumps(self.state))
-        return {"checkpoint": str(folder), "trained": True, "step": step, "metrics": {}}
+        self.state = {
+            "step": step,
+            "batch_id": batch_id,
+            "parent": self.head,
+            "batches": [*self.state["batches"], batch_id],
+            "extra": extra,
+            "metrics": {"train/samples": float(len(samples))},
+        }
+        write_json(folder / "state.json", self.state)
+        self.head = folder.name
+        for old in self.versions.prunable(self.keep, self.head):
+            shutil.rmtree(old)
+        return self.answer(folder, trained=True)
+
+    def restore(self, name: str) -> bool:
+        if name == self.head:
+            return False
+        self.state = self._state_of(name)
+        self.head = name
+        self.versions.record_head(name, self.versions.highest())
+        with open(self.run_dir / "restored.txt", "a") as f:
+            f.write(f"{name}\n")
+        return True
 
 
 def scripted_trainer(options: dict[str, Any]) -> ScriptedTrainer:

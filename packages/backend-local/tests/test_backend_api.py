@@ -249,7 +249,9 @@ def test_the_readme_documents_every_key_with_its_default():
     from reinforge_backend_local.backend import LocalSettings
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    rows = {line.split("|")[1].strip(): line for line in readme.splitlines() if line.startswith("| `")}
+    # the run file's keys: the online committer's table further down has keys of the same names
+    run_file = readme.split("## reinforge-online's `local` committer")[0]
+    rows = {line.split("|")[1].strip(): line for line in run_file.splitlines() if line.startswith("| `")}
     for cls in {LocalSettings, *ALGORITHMS.values()}:
         for f in fields(cls):
             row = rows.get(f"`{f.name}`")

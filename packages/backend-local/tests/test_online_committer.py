@@ -8,6 +8,7 @@ The same committer with the real SmolLM2 and a real ``reinforge serve`` is ``tes
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 from typing import Any
 
@@ -21,6 +22,7 @@ from reinforge_backend_local.online_committer import (
     LocalCommitter,
     LocalCommitterSettings,
     SwapError,
+    UnknownVersion,
     options_of,
     traces_of,
 )
@@ -30,6 +32,7 @@ pytest.importorskip("reinforge_online")
 from reinforge_online import CommitterContext, build_committer  # noqa: E402
 from reinforge_online.outbox import Outbox  # noqa: E402
 from reinforge_online.store import CallRecord, TraceStore  # noqa: E402
+from reinforge_online.versions import Version, VersionedCommitter  # noqa: E402
 
 
 def row(trace: str, reward: float | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -74,16 +77,22 @@ def make_sink(tmp_path, server, **over: Any) -> LocalCommitter:
     return LocalCommitter(tmp_path / "run", admin_url=server.base, admin_key=over.pop("key", SWAP_KEY), options=options)
 
 
-def test_a_batch_trains_once_with_baseline_advantages_then_is_swapped_in(tmp_path, admin):
+def two(question: str = "q") -> list[dict[str, Any]]:
+    """A batch of two rewarded traces with trainable calls."""
+    return [row("a", 1.0, [pcall(question, [5])]), row("b", 0.0, [pcall(question, [6])])]
+
+
+def test_a_batch_trains_once_into_a_version_and_nothing_is_swapped(tmp_path, admin):
     fake, server = admin
     sink = make_sink(tmp_path, server)
     try:
+        assert isinstance(sink, VersionedCommitter)
         rows = [
             row("a", 1.0, [pcall("q1", [5]), pcall("q1 more", [6])]),
             row("b", 0.0, [pcall("q1", [7])]),
             row("c", 0.5, [pcall("q2", [8], token_ids=None)]),  # nothing trainable: no samples
         ]
-        sink.send("batch-1", rows)
+        version = sink.send("batch-1", rows)
         (done,) = trained(sink.run_dir)
         samples = done["samples"]
         assert done["types"] == ["Sample"]  # built in the worker as backend-local's own Sample objects
@@ -91,25 +100,104 @@ def test_a_batch_trains_once_with_baseline_advantages_then_is_swapped_in(tmp_pat
         assert [s["advantage"] for s in samples] == [1.0, 1.0, -1.0]  # leave-one-out within cluster q1
         assert [s["weight"] for s in samples] == [0.5, 0.5, 1.0]  # 1 / calls of the trace
         assert {s["temperature"] for s in samples} == {0.7}
-        assert fake.paths == [str(sink.run_dir / "checkpoints" / "step-1")]
-        assert sink.last["server"]["policy_version"] == 1 and sink.skipped_calls == 1
-        sink.send("batch-1", rows)  # the outbox resends after a lost acknowledgement: no second update
-        assert len(trained(sink.run_dir)) == 1 and len(fake.paths) == 2
+        checkpoint = sink.run_dir / "checkpoints" / "step-1"
+        assert version == Version(
+            "step-1",
+            {"checkpoint": str(checkpoint), "step": 1, "parent": "step-0", "metrics": {"train/samples": 3.0}},
+        )
+        json.dumps(version.detail, allow_nan=False)  # plain JSON, as online's store keeps it
+        assert fake.paths == [] and sink.skipped_calls == 1  # a candidate: online's promoter decides what is served
+        assert sink.send("batch-1", rows) == version  # the outbox resends after a lost acknowledgement
+        assert len(trained(sink.run_dir)) == 1 and fake.paths == []
     finally:
         sink.close()
 
 
-def test_a_failed_swap_raises_and_the_resend_only_swaps(tmp_path, admin):
-    fake, server = admin
-    fake.fail = 1
+def test_a_batch_without_a_trainable_call_makes_no_version(tmp_path, admin):
+    _, server = admin
     sink = make_sink(tmp_path, server)
     try:
-        rows = [row("a", 1.0, [pcall("q", [5])]), row("b", 0.0, [pcall("p", [6])])]
+        rows = [row("a", 1.0, [pcall("q", [5], token_ids=None)]), row("b", None, [pcall("q", [6])])]
+        assert sink.send("b1", rows) is None and sink.skipped_calls == 1
+        assert sink.send("b1", rows) is None  # resent: still nothing to train
+        assert trained(sink.run_dir) == [] and not (sink.run_dir / "checkpoints").exists()
+    finally:
+        sink.close()
+
+
+def test_training_goes_back_to_a_version_and_step_numbers_never_repeat(tmp_path, admin):
+    fake, server = admin
+    sink = make_sink(tmp_path, server)
+    try:
+        v1 = sink.send("b1", two())
+        v2 = sink.send("b2", [row("c", 1.0, [pcall("q", [7])])])
+        assert (v1.name, v2.name) == ("step-1", "step-2") and v2.detail["parent"] == "step-1"
+        sink.train_from(v1)  # step-2 refused: training goes on from step-1
+        assert sink.send("b2", [row("c", 1.0, [pcall("q", [7])])]) == v2  # a resend still names step-2
+        v3 = sink.send("b3", [row("d", 1.0, [pcall("q", [8])])])
+        assert v3.name == "step-3" and v3.detail["parent"] == "step-1"
+        runs = trained(sink.run_dir)
+        assert [(t["batch_id"], t["step"], t["parent"]) for t in runs] == [
+            ("b1", 1, "step-0"),
+            ("b2", 2, "step-1"),
+            ("b3", 3, "step-1"),
+        ]
+        # b3's advantage comes from step-1's baselines (1.0 then 0.0 at decay 0.9: 0.9), not step-2's
+        assert runs[2]["samples"][0]["advantage"] == pytest.approx(1.0 - 0.9)
+        sink.train_from(sink.initial_version())  # back to before any batch: no baselines
+        v4 = sink.send("b4", [row("e", 1.0, [pcall("p", [9])]), row("f", 0.0, [pcall("p", [10])])])
+        assert v4.name == "step-4" and v4.detail["parent"] == "step-0"
+        assert [s["advantage"] for s in trained(sink.run_dir)[3]["samples"]] == [1.0, -1.0]
+        sink.train_from(v4)  # already where training stands: nothing happens
+        assert (sink.run_dir / "restored.txt").read_text().split() == ["step-1", "step-0"]
+        assert fake.paths == []
+    finally:
+        sink.close()
+
+
+def test_a_restarted_worker_resumes_where_training_went_back_to(tmp_path, admin):
+    _, server = admin
+    sink = make_sink(tmp_path, server)
+    try:
+        v1 = sink.send("b1", two())
+        sink.send("b2", two("p"))
+        sink.train_from(v1)
+        sink.close()  # the worker ends (a crash, a restart of the gateway)
+        assert sink.status()["head"] == "step-1"
+        assert sink.send("b3", two("r")).detail["parent"] == "step-1"
+        assert len((sink.run_dir / "starts.txt").read_text().split()) == 2
+    finally:
+        sink.close()
+
+
+def test_serve_swaps_the_versions_checkpoint_and_answers_the_policy_version(tmp_path, admin):
+    fake, server = admin
+    sink = make_sink(tmp_path, server)
+    try:
+        v1 = sink.send("b1", two())
+        assert sink.serve(sink.initial_version()) == "1"  # step-0 without an adapter: the base model
+        assert sink.serve(v1) == "2"
+        assert fake.paths == [None, str(sink.run_dir / "checkpoints" / "step-1")]
+        assert json.loads((sink.run_dir / "served.json").read_text()) == {"served": ["step-1"]}
+        fake.fail = 1
         with pytest.raises(SwapError, match="HTTP 500"):
-            sink.send("b1", rows)
-        assert len(trained(sink.run_dir)) == 1 and fake.paths == []
-        sink.send("b1", rows)
-        assert len(trained(sink.run_dir)) == 1 and len(fake.paths) == 1
+            sink.serve(v1)
+        assert sink.serve(v1) == "3" and len(fake.paths) == 3
+        with pytest.raises(UnknownVersion, match="step-7"):
+            sink.serve(Version("step-7"))
+        with pytest.raises(ValueError, match="'v3' is not a version of the local committer"):
+            sink.serve(Version("v3"))
+    finally:
+        sink.close()
+
+
+def test_step_0_is_the_adapter_the_server_started_with(tmp_path, admin):
+    fake, server = admin
+    sink = make_sink(tmp_path, server, adapter="/adapters/first")
+    try:
+        first = sink.initial_version()
+        assert first == Version("step-0", {"checkpoint": None, "adapter": "/adapters/first"})
+        assert sink.serve(first) == "1" and fake.paths == ["/adapters/first"]
     finally:
         sink.close()
 
@@ -119,8 +207,34 @@ def test_a_wrong_admin_key_is_a_swap_error_and_nothing_is_loaded(tmp_path, admin
     sink = make_sink(tmp_path, server, key="wrong")
     try:
         with pytest.raises(SwapError, match="401"):
-            sink.send("b1", [row("a", 1.0, [pcall("q", [5])]), row("b", 0.0, [pcall("p", [6])])])
+            sink.serve(sink.send("b1", two()))
         assert fake.paths == []
+    finally:
+        sink.close()
+
+
+def test_served_versions_are_never_pruned(tmp_path, admin):
+    _, server = admin
+    sink = make_sink(tmp_path, server, keep_checkpoints=1)
+
+    def kept() -> list[str]:
+        return sorted(p.name for p in (sink.run_dir / "checkpoints").iterdir())
+
+    try:
+        sink.send("b1", two("q1"))
+        v2 = sink.send("b2", two("q2"))
+        assert kept() == ["step-2"]  # step-1 was never served: one never-served checkpoint is kept
+        sink.serve(v2)  # promoted
+        sink.send("b3", two("q3"))
+        assert kept() == ["step-2", "step-3"]
+        sink.train_from(v2)  # step-3 refused
+        v4 = sink.send("b4", two("q4"))
+        assert kept() == ["step-2", "step-4"] and v4.detail["parent"] == "step-2"
+        sink.serve(v4)
+        sink.train_from(v2)  # rolled back to step-2: both served versions stay
+        sink.send("b5", two("q5"))
+        sink.send("b6", two("q6"))
+        assert kept() == ["step-2", "step-4", "step-6"]
     finally:
         sink.close()
 
@@ -129,26 +243,25 @@ def test_a_worker_that_dies_is_replaced_and_resumes_from_the_run_folder(tmp_path
     fake, server = admin
     sink = make_sink(tmp_path, server, die_on="b2")
     try:
-        sink.send("b1", [row("a", 1.0, [pcall("q", [5])]), row("b", 0.0, [pcall("p", [6])])])
+        sink.send("b1", two())
         rows = [row("c", 1.0, [pcall("q", [7])])]
         with pytest.raises(concurrent.futures.process.BrokenProcessPool):
             sink.send("b2", rows)
-        sink.send("b2", rows)
+        assert sink.send("b2", rows).name == "step-2"
         assert [t["batch_id"] for t in trained(sink.run_dir)] == ["b1", "b2"]
         starts = (sink.run_dir / "starts.txt").read_text().split()
         assert len(starts) == 2 and str(os.getpid()) not in starts  # trained in two worker processes, not here
         # b2's advantage comes from b1's saved moving average (1.0, then 0.0 at decay 0.9: 0.9)
         assert trained(sink.run_dir)[1]["samples"][0]["advantage"] == pytest.approx(1.0 - 0.9)
-        assert len(fake.paths) == 2
+        assert fake.paths == []
     finally:
         sink.close()
 
 
-def test_the_committer_keeps_a_batch_committing_until_the_server_serves_it(tmp_path, admin):
-    fake, server = admin
-    fake.fail = 1
+def test_the_outbox_resends_a_batch_the_worker_died_on_and_it_trains_once(tmp_path, admin):
+    _, server = admin
     store = TraceStore(tmp_path / "t.sqlite")
-    sink = make_sink(tmp_path, server)
+    sink = make_sink(tmp_path, server, die_on="*")  # the first training of each batch dies
     try:
         for i, r in enumerate([1.0, 0.0]):
             store.record(
@@ -166,11 +279,11 @@ def test_the_committer_keeps_a_batch_committing_until_the_server_serves_it(tmp_p
             ).result(10)
             reward(store, f"t{i}", r)
         outbox = Outbox(store, sink)
-        with pytest.raises(SwapError):
+        with pytest.raises(concurrent.futures.process.BrokenProcessPool):
             outbox.run_once()
         (batch_id,) = store.submit(lambda db: [r[0] for r in db.execute("SELECT batch_id FROM batches")]).result(10)
         assert store.batch_state(batch_id) == "committing"
-        assert outbox.run_once() == [batch_id]  # resent with the same id: trained once, swapped now
+        assert outbox.run_once() == [batch_id]  # resent with the same id: trained once
         assert store.batch_state(batch_id) == "committed"
         (done,) = trained(sink.run_dir)
         assert done["batch_id"] == batch_id and [s["advantage"] for s in done["samples"]] == [1.0, -1.0]

@@ -12,6 +12,10 @@ import torch
 
 from reinforge.plugin import ConfigError
 
+from .run_versions import steps
+
+__all__ = ["latest", "load", "save", "steps"]
+
 
 def _to_cpu(value: Any) -> Any:
     """``value`` with every tensor in it on the CPU: a GPU run's checkpoint loads anywhere."""
@@ -46,12 +50,6 @@ def save(folder: Path, *, model: Any, optimizer: Any, state: dict[str, Any], pef
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
     return folder
-
-
-def steps(run_dir: Path) -> list[Path]:
-    """The run's complete checkpoint folders ``step-N``, oldest first (a ``step-N.tmp`` a crash left is not one)."""
-    found = [p for p in (run_dir / "checkpoints").glob("step-*") if p.name[5:].isdigit()]
-    return [p for p in sorted(found, key=lambda p: int(p.name[5:])) if (p / "state.json").exists()]
 
 
 def latest(run_dir: Path) -> Path | None:

@@ -1,4 +1,4 @@
-"""reinforge-online's ``local`` committer: each batch of live traffic trains the served LoRA, then it is hot-swapped in.
+"""reinforge-online's ``local`` committer: each batch of live traffic trains the served LoRA into a new policy version.
 
 Registered through reinforge-online's ``register_committers`` hook (an optional hookimpl in
 :mod:`reinforge_backend_local.plugin`: this package works without reinforge-online), so
@@ -10,15 +10,19 @@ minus a baseline for ungrouped data (:mod:`reinforge_backend_local.baselines`) i
 each of its calls, each weighted ``1 / calls`` so a long conversation does not outweigh a short one,
 and every call is trained at its own request's temperature (the one its logprobs were sampled under).
 
-Training runs in a worker process of its own (spawned; :mod:`reinforge_backend_local.online_worker`
+It is a :class:`reinforge_online.versions.VersionedCommitter`: each batch makes a version
+(``step-N``, a checkpoint in the run folder) that is only a candidate. Online's promotion gate drives
+the rest: :meth:`~LocalCommitter.check` scores a version on a run file's eval set,
+:meth:`~LocalCommitter.serve` has the server load it (``POST {admin_url}/admin/adapter``), and
+:meth:`~LocalCommitter.train_from` sends training back to a version (a refused candidate's live
+predecessor, or the version a rollback serves again). ``send`` no longer swaps the server.
+
+Training and checks run in a worker process of its own (spawned; :mod:`reinforge_backend_local.online_worker`
 holds an :class:`~reinforge_backend_local.adapter_trainer.AdapterTrainer` and its model), so torch
-never loads into the gateway and the gateway's threads are never stalled by it. The worker writes
-one checkpoint per batch into the run folder (``args.run_dir``) and reports its folder; the
-committer then asks the server to load it (``POST {admin_url}/admin/adapter``). The batch is
-committed only once the server serves it. A failure anywhere raises, so the outbox sends the same
-batch id again: the worker finds that batch already trained (its id is in the checkpoint) and only
-the swap is retried. A worker that died is started again at the next send and resumes from the
-latest checkpoint, baselines included.
+never loads into the gateway and the gateway's threads are never stalled by it. A failure anywhere
+raises, so the outbox sends the same batch id again: the worker finds that batch already trained (a
+checkpoint names it) and answers its version. A worker that died is started again at the next call and
+resumes where training stood (``run_versions``), baselines included.
 
 Calls without token ids (the upstream answered them: a fallback, or ``record`` mode against a
 server that returns none) cannot be trained on and are counted as skipped.
@@ -40,15 +44,19 @@ from reinforge.plugin import FieldError, Settings, at_least, finite, in_range, o
 from . import online_worker
 from .baselines import BASELINES, SCALES, cluster_key
 from .online_worker import LocalTrace, TrainingCall
+from .run_versions import INITIAL, RunVersions, UnknownVersion, step_name, step_of
 
 if TYPE_CHECKING:
     from reinforge_online import CommitterContext
+    from reinforge_online.versions import CheckResult, CheckSpec, Version
 
 __all__ = [
     "BaselineSettings",
     "LocalCommitter",
     "LocalCommitterSettings",
     "SwapError",
+    "UnknownVersion",
+    "WorkerTimeout",
     "admin_url_of",
     "local_committer",
     "options_of",
@@ -56,6 +64,7 @@ __all__ = [
 ]
 
 _log = logging.getLogger("reinforge_backend_local.online_committer")
+CHECK_GRACE_S = 300.0  # a check's worker that has not answered this long after its timeout_s is stopped
 
 
 @dataclass
@@ -83,7 +92,7 @@ def _url(key: str, value: str) -> None:
 
 @dataclass
 class LocalCommitterSettings(Settings):
-    """``committer.args`` of ``kind: local``: train the served policy's LoRA on each batch, then hot-swap it in.
+    """``committer.args`` of ``kind: local``: train the served policy's LoRA on each batch into a new version.
 
     Needs a ``reinforge serve`` started with ``--admin-key-env``; ``admin_key_env`` names the
     variable holding that key (the gateway reads it at start).
@@ -93,7 +102,7 @@ class LocalCommitterSettings(Settings):
     admin_url: str | None = None  # default: policy.url without its trailing /v1
     run_dir: str = "online-run"  # the run folder (relative to online.yaml's folder); reinforge serve/export read it
     model: str | None = None  # the base model the server serves (default: the built-in SmolLM2)
-    adapter: str | None = None  # the adapter the server started with (only while the run folder is empty)
+    adapter: str | None = None  # the adapter the server started with: step-0 (read while the run folder is new)
     learning_rate: float = 1e-4
     lora_rank: int = 16
     lora_alpha: int = 32
@@ -106,9 +115,9 @@ class LocalCommitterSettings(Settings):
     mini_batch_size: int | None = None  # samples per optimizer step (a batch is split); None: one step per batch
     threads: int | None = None  # torch threads of the training worker (default: all cores)
     nice: int = 10  # the worker's niceness: training yields the CPU to the gateway and the server
-    keep_checkpoints: int = 3
+    keep_checkpoints: int = 3  # checkpoints never served that are kept (served ones always are)
     seed: int = 0
-    swap_timeout_s: float = 60.0
+    swap_timeout_s: float = 60.0  # how long the server may take to load a version
     baseline: BaselineSettings = field(default_factory=BaselineSettings)
 
     def check(self) -> None:
@@ -141,7 +150,11 @@ class LocalCommitterSettings(Settings):
 
 
 class SwapError(RuntimeError):
-    """The policy server did not take the new adapter (the batch is resent, the swap retried)."""
+    """The policy server did not take the adapter (online keeps serving what it served)."""
+
+
+class WorkerTimeout(TimeoutError):
+    """The worker did not answer in time and was stopped (the next call starts another)."""
 
 
 def _temperature(request: Any) -> float:
@@ -185,12 +198,13 @@ def traces_of(rows: Sequence[dict[str, Any]]) -> list[LocalTrace]:
 
 
 class LocalCommitter:
-    """Trains each batch into ``run_dir`` in a worker process, then swaps the checkpoint into the server.
+    """Trains each batch into ``run_dir`` in a worker process; checks, serves and goes back to its versions.
 
     :param run_dir: the run folder (``reinforge serve RUN_DIR`` and ``reinforge export RUN_DIR`` read it).
     :param admin_url: the policy server's root (``http://127.0.0.1:8000``; ``/admin/adapter`` is added).
     :param admin_key: the server's admin key (``reinforge serve --admin-key-env``).
     :param options: the trainer's settings (:class:`LocalCommitterSettings` as :func:`options_of` gives them).
+    :param timeout_s: how long the server may take to load a version.
     """
 
     def __init__(
@@ -205,11 +219,12 @@ class LocalCommitter:
         self.run_dir = Path(run_dir).expanduser().absolute()
         self.admin_url = admin_url.rstrip("/")
         self.options = {**options, "run_dir": str(self.run_dir)}
+        self.versions = RunVersions(self.run_dir)
         self._headers = {"authorization": f"Bearer {admin_key}"} if admin_key else {}
         self._timeout = timeout_s
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self.skipped_calls = 0  # calls without token ids, never trained on
-        self.last: dict[str, Any] = {}  # the last batch's answer from the worker, and the server's
+        self.last: dict[str, Any] = {}  # the last batch's answer from the worker (and its "version")
 
     def _executor(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
@@ -219,14 +234,25 @@ class LocalCommitter:
             )
         return self._pool
 
-    def _run(self, fn: Any, *args: Any) -> Any:
-        """``fn(options, *args)`` in the worker; a dead worker is replaced at the next call."""
+    def _run(self, fn: Any, *args: Any, timeout: float | None = None) -> Any:
+        """``fn(options, *args)`` in the worker; a dead worker is replaced at the next call.
+
+        :raises WorkerTimeout: no answer in ``timeout`` seconds: the worker is stopped (the next call starts
+            another, which resumes where training stood).
+        """
+        future = self._executor().submit(fn, self.options, *args)
         try:
-            return self._executor().submit(fn, self.options, *args).result()
+            return future.result(timeout)
         except concurrent.futures.process.BrokenProcessPool:
-            _log.error("the training worker died; a new one resumes from %s at the next send", self.run_dir)
+            _log.error("the training worker died; a new one resumes from %s at the next call", self.run_dir)
             self._drop_pool()
             raise
+        except concurrent.futures.TimeoutError:
+            _log.error("the training worker did not answer in %.0f s; stopping it", timeout)
+            self.close(timeout=1.0)
+            raise WorkerTimeout(
+                f"the training worker did not answer {fn.__name__} in {timeout:g} s; it was stopped"
+            ) from None
 
     def _drop_pool(self) -> None:
         pool, self._pool = self._pool, None
@@ -234,38 +260,108 @@ class LocalCommitter:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def status(self) -> dict[str, Any]:
-        """Start the worker (loads the model) and report the run folder's step and latest checkpoint."""
+        """Start the worker (loads the model) and report where training stands and the newest checkpoint."""
         result: dict[str, Any] = self._run(online_worker.status)
         return result
 
-    def send(self, batch_id: str, rows: list[dict[str, Any]]) -> None:
-        """Train on the batch (once per id), then have the server load the checkpoint; raises on any failure."""
+    # -- the VersionedCommitter protocol (reinforge_online.versions) -----------------------------
+
+    def send(self, batch_id: str, rows: list[dict[str, Any]]) -> Version | None:
+        """Train on the batch once per id and return the version it made, *without serving it*.
+
+        A batch some checkpoint already trained returns that checkpoint's version again (also after
+        :meth:`train_from` went back to an older one). None: the batch has no trainable call, so nothing was
+        trained (nothing is recorded either: a resend answers None again). Raises on any failure.
+        """
         traces = traces_of(rows)
         skipped = sum(t.skipped for t in traces)
         usable = [t for t in traces if t.calls]
+        if not usable:
+            self.skipped_calls += skipped
+            self.last = {"trained": False, "version": None, "skipped": skipped}
+            _log.info("batch %s: no call with token ids (%s skipped); nothing trained", batch_id, skipped)
+            return None
         result = self._run(online_worker.train, batch_id, usable)
         if result["trained"]:
             self.skipped_calls += skipped
-        checkpoint = result.get("checkpoint")
-        if checkpoint is not None:
-            result["server"] = self.swap(checkpoint)
-        self.last = result
+        version = _version(result)
+        self.last = {**result, "version": version}
         _log.info(
-            "batch %s: %s at step %s (%s samples), serving %s",
+            "batch %s: %s %s from %s (%s samples)",
             batch_id,
-            "trained" if result["trained"] else "already trained",
-            result.get("step"),
-            result.get("samples", 0),
-            checkpoint,
+            "trained" if result["trained"] else "already trained as",
+            version.name,
+            result.get("parent"),
+            result.get("samples", "-"),
         )
+        return version
 
-    def swap(self, checkpoint: str) -> dict[str, Any]:
-        """``POST /admin/adapter {"path": checkpoint}``; the server's answer (its new ``policy_version``)."""
+    def initial_version(self) -> Version:
+        """``step-0``: what the server serves before any batch (the adapter it started with, or the base model)."""
+        from reinforge_online.versions import Version
+
+        return Version(INITIAL, {"checkpoint": None, "adapter": self.options.get("adapter")})
+
+    def check(self, version: Version, spec: CheckSpec) -> CheckResult:
+        """Score ``version`` on ``spec``'s check set in the worker (greedy, the run file's workflow and judges).
+
+        Past ``spec.timeout_s`` the worker cancels the rollouts, puts the current weights back and raises
+        (:class:`~.version_check.CheckTimeout`); a worker that has not answered :data:`CHECK_GRACE_S` after that
+        (a workflow stuck in blocking code) is stopped and :class:`WorkerTimeout` raised.
+        """
+        from reinforge_online.versions import CheckResult
+
+        name = _name(version)
+        out = self._run(
+            online_worker.check,
+            name,
+            str(Path(spec.run).expanduser().absolute()),
+            spec.split,
+            int(spec.limit),
+            float(spec.timeout_s),
+            timeout=float(spec.timeout_s) + CHECK_GRACE_S,
+        )
+        _log.info(
+            "version %s: check score %.4f on %s tasks in %.1f s", name, out["score"], out["tasks"], out["seconds"]
+        )
+        return CheckResult(score=out["score"], tasks=out["tasks"], seconds=out["seconds"], metrics=out["metrics"])
+
+    def serve(self, version: Version) -> str | None:
+        """Have the server load ``version`` (its checkpoint; ``step-0``: the initial adapter, or null for the
+        base model); the policy version its responses carry from now. The version is recorded as served
+        first (``served.json``): it is never pruned.
+
+        :raises UnknownVersion: its checkpoint is not in the run folder.
+        :raises SwapError: the server did not take it.
+        """
+        name = _name(version)
+        if name == INITIAL:
+            adapter = self.options.get("adapter")
+            path = str(adapter) if adapter else None
+        else:
+            path = str(self.versions.existing(name))
+            self.versions.mark_served(name)
+        answer = self.swap(path)
+        served = answer.get("policy_version")
+        _log.info("serving %s (%s): policy version %s", name, path or "the base model", served)
+        return None if served is None else str(served)
+
+    def train_from(self, version: Version) -> None:
+        """The next batch trains on top of ``version`` (its weights, optimizer state and baselines)."""
+        name = _name(version)
+        out = self._run(online_worker.restore, name)
+        if out.get("changed"):
+            _log.info("training goes on from %s", name)
+
+    # -- the server ------------------------------------------------------------------------------
+
+    def swap(self, path: str | None) -> dict[str, Any]:
+        """``POST /admin/adapter {"path": path}`` (None: the base model); the server's answer (its ``policy_version``)."""
         import httpx
 
         url = f"{self.admin_url}/admin/adapter"
         try:
-            resp = httpx.post(url, json={"path": checkpoint}, headers=self._headers, timeout=self._timeout)
+            resp = httpx.post(url, json={"path": path}, headers=self._headers, timeout=self._timeout)
         except httpx.HTTPError as exc:
             raise SwapError(f"{url}: {type(exc).__name__}: {exc}") from exc
         if resp.status_code != 200:
@@ -287,6 +383,31 @@ class LocalCommitter:
                 _log.warning("the training worker %s did not stop in %.0f s; terminating it", worker.pid, timeout)
                 worker.terminate()
                 worker.join(10)
+
+
+def _name(version: Any) -> str:
+    """The name of one of this committer's versions (``step-N``).
+
+    :raises ValueError: another committer's version.
+    """
+    name = str(getattr(version, "name", version))
+    if step_of(name) is None:
+        raise ValueError(f"{name!r} is not a version of the local committer (step-N)")
+    return name
+
+
+def _version(result: dict[str, Any]) -> Version:
+    """The version the worker's answer names; its detail is plain JSON, the same for a batch and its resend."""
+    from reinforge_online.versions import Version
+
+    step = int(result["step"])
+    detail = {
+        "checkpoint": result["checkpoint"],
+        "step": step,
+        "parent": result.get("parent"),
+        "metrics": dict(result.get("metrics") or {}),
+    }
+    return Version(step_name(step), detail)
 
 
 def options_of(settings: LocalCommitterSettings, *, threads_default: int | None = None) -> dict[str, Any]:
@@ -335,10 +456,13 @@ def admin_url_of(settings: LocalCommitterSettings, context: CommitterContext) ->
 
 def local_committer(settings: LocalCommitterSettings, context: CommitterContext) -> LocalCommitter:
     """The factory registered as ``local``: URL and admin key resolved now, the worker started at the first send."""
+    options = options_of(settings)
+    if settings.adapter:  # relative to online.yaml, like run_dir: the worker and the server read it from elsewhere
+        options["adapter"] = str(context.path(settings.adapter))
     return LocalCommitter(
         context.path(settings.run_dir),
         admin_url=admin_url_of(settings, context),
         admin_key=context.secret(settings.admin_key_env, "admin_key_env"),
-        options=options_of(settings),
+        options=options,
         timeout_s=settings.swap_timeout_s,
     )

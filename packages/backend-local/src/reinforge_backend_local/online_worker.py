@@ -1,4 +1,5 @@
-"""The ``local`` committer's worker process: where each batch of live traffic is trained (torch loads here only).
+"""The ``local`` committer's worker process: where each batch of live traffic is trained and each version is
+checked (torch loads here only).
 
 The gateway's :class:`~reinforge_backend_local.online_committer.LocalCommitter` spawns one process
 and calls the functions below in it with the committer's options (plain data) and the batch's
@@ -6,6 +7,10 @@ and calls the functions below in it with the committer's options (plain data) an
 are built here, on this side of it. The trainer is built at the first call, by ``options["trainer"]``
 (``module:function``; default :func:`adapter_trainer`, this package's
 :class:`~reinforge_backend_local.adapter_trainer.AdapterTrainer`), and kept for the process's life.
+
+All tensor work (loading, training, swapping versions' weights, decoding a check) runs on the
+process's one compute thread (:mod:`~reinforge_backend_local.compute`); a check's event loop runs on
+the calling thread.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .baselines import Baseline
+from .compute import on_compute_thread
 
 if TYPE_CHECKING:
     from .trainer import Sample
@@ -26,6 +32,8 @@ __all__ = [
     "LocalTrace",
     "TrainingCall",
     "adapter_trainer",
+    "check",
+    "restore",
     "samples_of",
     "status",
     "train",
@@ -62,7 +70,7 @@ def adapter_trainer(options: dict[str, Any]) -> Any:
     if threads:
         import torch
 
-        torch.set_num_threads(int(threads))
+        torch.set_num_threads(int(threads))  # called on the compute thread (see _trainer): its OpenMP count too
     from reinforge.plugin import ModelConfig
 
     from .adapter_trainer import AdapterTrainer
@@ -123,7 +131,8 @@ def _trainer(options: dict[str, Any]) -> Any:
             os.nice(int(options["nice"]))  # training yields the CPU to request handling (never the reverse)
 
         module, _, attr = str(options.get("trainer") or DEFAULT_TRAINER).partition(":")
-        _TRAINER = getattr(importlib.import_module(module), attr)(options)
+        # niceness is per thread on Linux: the compute thread, started after it was set, inherits it
+        _TRAINER = on_compute_thread(getattr(importlib.import_module(module), attr), options)
     return _TRAINER
 
 
@@ -148,18 +157,22 @@ def samples_of(traces: Sequence[LocalTrace], advantages: Sequence[float]) -> lis
 
 
 def status(options: dict[str, Any]) -> dict[str, Any]:
-    """In the worker: what the run folder holds (step, latest checkpoint)."""
+    """In the worker: where training stands (its version and step) and the newest checkpoint."""
     trainer = _trainer(options)
     latest = trainer.latest()
-    return {"step": trainer.step, "checkpoint": str(latest) if latest is not None else None}
+    return {"step": trainer.step, "head": trainer.head, "checkpoint": str(latest) if latest is not None else None}
 
 
 def train(options: dict[str, Any], batch_id: str, traces: list[LocalTrace]) -> dict[str, Any]:
-    """In the worker: advantages from the saved baselines, one update, a checkpoint (once per batch id)."""
+    """In the worker: advantages from the current version's baselines, one update, a checkpoint (once per batch id).
+
+    A batch some checkpoint already trained is not trained again: the answer names that checkpoint.
+    """
     trainer = _trainer(options)
-    if trainer.trained(batch_id):
-        latest = trainer.latest()
-        return {"checkpoint": str(latest) if latest is not None else None, "trained": False, "step": trainer.step}
+    found = trainer.recorded(batch_id)
+    if found is not None:
+        done: dict[str, Any] = trainer.answer(found, trained=False)
+        return done
     b = options["baseline"]
     baseline = Baseline(
         b["kind"],
@@ -174,7 +187,23 @@ def train(options: dict[str, Any], batch_id: str, traces: list[LocalTrace]) -> d
     baseline.update(items)
     samples = samples_of(traces, advantages) if any(advantages) else []
     # no samples (every reward at its baseline): the checkpoint still records the batch and the baselines
-    out: dict[str, Any] = trainer.train(batch_id, samples, extra={"baseline": baseline.state()})
+    out: dict[str, Any] = on_compute_thread(trainer.train, batch_id, samples, extra={"baseline": baseline.state()})
     out["samples"] = len(samples)
     out["advantage_mean"] = sum(advantages) / len(advantages) if advantages else 0.0
     return out
+
+
+def restore(options: dict[str, Any], name: str) -> dict[str, Any]:
+    """In the worker: training goes on from version ``name`` (its weights, optimizer state and baselines)."""
+    trainer = _trainer(options)
+    changed = on_compute_thread(trainer.restore, name)
+    return {"head": trainer.head, "step": trainer.step, "changed": bool(changed)}
+
+
+def check(
+    options: dict[str, Any], name: str, run: str, split: str | None, limit: int, timeout_s: float
+) -> dict[str, Any]:
+    """In the worker: version ``name`` scored on the run file ``run``'s eval set (:mod:`.version_check`)."""
+    from .version_check import check_version
+
+    return check_version(_trainer(options), name, run=run, split=split, limit=limit, timeout_s=timeout_s)

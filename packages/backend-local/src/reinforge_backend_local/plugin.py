@@ -38,5 +38,5 @@ def register_committers(register: Any) -> None:
         "local",
         local_committer,
         settings=LocalCommitterSettings,
-        description="train the served policy's LoRA on each batch in a worker process, then hot-swap it in",
+        description="train the served policy's LoRA on each batch into a version that online's promotion gate serves",
     )

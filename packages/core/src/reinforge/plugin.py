@@ -31,6 +31,8 @@ What is here:
 - :func:`load_run`, :func:`build_job`, :func:`build_composer`, :class:`RewardComposer`,
   :func:`wants_agentscope`: a run file to its built components, for packages that run a
   run's workflow and judges outside ``reinforge tune`` (another engine's workers, a gateway).
+- :func:`eval_dataset`, :func:`accuracy_of`, :func:`dimension_means`: what ``reinforge eval``
+  reads and reports, for packages that score a policy on a run's eval set themselves.
 - :class:`ConfigurationError`: a component's permanent error (the run stops).
 - :class:`ApiError`, :func:`check_bearer`, :func:`bearer_matches`, :class:`CountResponses`: what the
   family's OpenAI-compatible servers share (``reinforge serve``, the online gateway): OpenAI-style
@@ -63,7 +65,7 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin module that imp
         RewardError,
         require,
     )
-    from .evaluation import accuracy_of, check_accuracy_key, tool_use_of
+    from .evaluation import accuracy_of, check_accuracy_key, dimension_means, eval_dataset, tool_use_of
     from .job import TuneJob, build_composer, build_job
     from .lifecycle import RunContext, RunStatus
     from .litellm_model import LiteLLMChatModel
@@ -103,6 +105,8 @@ _LAZY = {
     "accuracy_of": ("evaluation", "accuracy_of"),
     "tool_use_of": ("evaluation", "tool_use_of"),
     "check_accuracy_key": ("evaluation", "check_accuracy_key"),
+    "dimension_means": ("evaluation", "dimension_means"),
+    "eval_dataset": ("evaluation", "eval_dataset"),
     "LiteLLMChatModel": ("litellm_model", "LiteLLMChatModel"),
     "RecordingChatModel": ("models", "RecordingChatModel"),
     "BatchResult": ("runner", "BatchResult"),
@@ -196,6 +200,8 @@ __all__ = [
     "check_accuracy_key",
     "check_bearer",
     "collect",
+    "dimension_means",
+    "eval_dataset",
     "finite",
     "get_plugin_manager",
     "hookimpl",
