@@ -8,6 +8,7 @@ import torch
 
 from reinforge.config import AlgorithmConfig, ModelConfig
 from reinforge.errors import ConfigError
+from reinforge_backend_local import packing
 from reinforge_backend_local.engine import Engine, GenRequest
 from reinforge_backend_local.modeling import load_policy
 from reinforge_backend_local.policy import ChatTemplate
@@ -315,6 +316,10 @@ def test_packed_micro_batches_give_the_padded_loss_and_lora_gradients(lora_polic
         _assert_same_pass(got, padded, lora)
 
 
+@pytest.mark.skipif(
+    not packing.bf16_packable(),
+    reason="oneDNN packs no bf16 weights on this CPU (AVX2 only): matmul_dtype bfloat16 is refused here",
+)
 def test_bf16_matmuls_with_the_sampler_correction_stay_within_bounds_of_float32(model_folder):
     """Decode and train on bf16 packed weights (``matmul_dtype: bfloat16``) vs float32 throughout.
 
@@ -368,3 +373,12 @@ def test_bf16_matmuls_with_the_sampler_correction_stay_within_bounds_of_float32(
         a, b = got.grads[n].flatten(), want.grads[n].flatten()
         assert float((a - b).norm()) <= 0.25 * float(b.norm()) + 1e-6, n
         assert float(torch.nn.functional.cosine_similarity(a, b, dim=0)) >= 0.97, n
+
+
+def test_bfloat16_is_refused_naming_the_key_where_onednn_cannot_pack_it(monkeypatch):
+    monkeypatch.setattr(packing, "bf16_packable", lambda: False)
+    monkeypatch.setattr(packing, "native_bf16", lambda: True)
+    with pytest.raises(ConfigError, match=r"backend_args.matmul_dtype: bfloat16 needs a CPU oneDNN packs bf16"):
+        packing.resolve_matmul_dtype("bfloat16")
+    assert packing.resolve_matmul_dtype("auto") == "float32"  # auto never picks what cannot run
+    assert packing.resolve_matmul_dtype("float32") == "float32"

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from reinforge.plugin import ConfigError
+
 _KEEP = 2  # packed versions per module: the base weights and, while decoding, the LoRA-merged ones
 
 
@@ -35,13 +37,32 @@ def native_bf16() -> bool:
     )
 
 
+@functools.cache
+def bf16_packable() -> bool:
+    """Whether oneDNN packs and multiplies bf16 weights on this CPU at all (AVX512BW/VL/DQ or AVX-NE-CONVERT).
+
+    An AVX2-only CPU has neither: there ``mkldnn_reorder_linear_weight`` refuses a bf16 weight.
+    """
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def resolve_matmul_dtype(setting: str) -> str:
     """``float32`` or ``bfloat16`` for ``backend_args.matmul_dtype`` on prepacked CPU weights.
 
-    ``auto``: bf16 where it pays (a CPU with native bf16), else float32.
+    ``auto``: bf16 where it pays (a CPU with native bf16 that oneDNN packs for), else float32.
+
+    :raises ConfigError: ``bfloat16`` on a CPU oneDNN cannot pack bf16 weights for.
     """
     if setting == "auto":
-        return "bfloat16" if native_bf16() else "float32"
+        return "bfloat16" if native_bf16() and bf16_packable() else "float32"
+    if setting == "bfloat16" and not bf16_packable():
+        raise ConfigError(
+            "backend_args.matmul_dtype: bfloat16 needs a CPU oneDNN packs bf16 weights for (AVX512BW/VL/DQ or"
+            " AVX-NE-CONVERT); this one has neither: use float32 (the default) or auto"
+        )
     return setting
 
 
