@@ -399,7 +399,7 @@ def gateway_config(work: Path, port: int, serve: str, upstream: str, args: argpa
     }
     if args.gate_n > 0:
         config["gate"] = {
-            "run": str(run_file(work, "check.yaml", "last_number", eval_split="check")),
+            "run": str(run_file(work, "check.yaml", "last_number", eval_split="test")),
             "limit": args.gate_n,
             "margin": args.gate_margin,
             "timeout_s": 600,
@@ -566,7 +566,7 @@ def main() -> None:
     if args.gate_n > 0:  # the gate's check set: questions users never ask
         train, check = train[: -args.gate_n], train[-args.gate_n :]
         (work / "check").mkdir()
-        (work / "check" / "check.jsonl").write_text("".join(json.dumps(r) + "\n" for r in check))
+        (work / "check" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in check))
     py = sys.executable
     serve_port, fake_port, gw_port = free_port(), free_port(), free_port()
     serve_url, upstream_v1 = f"http://127.0.0.1:{serve_port}", f"http://127.0.0.1:{fake_port}/v1"
@@ -658,7 +658,8 @@ def main() -> None:
         result["users_s"] = round(time.monotonic() - started, 1)
         versions.append({"minute": "end", "policy_version": version_now()})
         flag.unlink(missing_ok=True)
-        result["versions_route"] = versions_of(gw_url)  # the admin route, as an operator sees it mid-run
+        route = versions_of(gw_url)  # the admin route, as an operator sees it
+        result["versions_route"] = {"live": route["live"], "versions": len(route["versions"])}
         result["gateway_exit"] = gateway.stop(timeout=180)  # a last commit may train one more batch first
         listing = stored_versions(work / "traces.sqlite")  # ... so the final word is the store's
         result["version_listing"] = listing
