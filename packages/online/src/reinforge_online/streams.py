@@ -19,6 +19,8 @@ from .store import CallRecord
 __all__ = ["EventReader", "PolicyStream", "logprobs_of", "strip_extras"]
 
 Event = tuple[bytes, bytes]  # (the event as sent, without its blank line; its data lines joined)
+_decode = json.JSONDecoder().decode  # json.loads/dumps without their per-call argument handling: a stream's
+_encode = json.JSONEncoder().encode  # every chunk goes through both (the same output as json.dumps)
 
 
 def logprobs_of(choice: dict[str, Any]) -> list[float]:
@@ -55,11 +57,16 @@ class EventReader:
         :raises UpstreamError: the body broke off.
         """
         async for piece in self._chunks:
-            self._buffer += piece.replace(b"\r\n", b"\n")
+            self._buffer += piece.replace(b"\r\n", b"\n") if b"\r" in piece else piece
+            if b"\n\n" not in self._buffer:
+                continue
+            *complete, self._buffer = self._buffer.split(b"\n\n")
             events: list[Event] = []
-            while b"\n\n" in self._buffer:
-                event, self._buffer = self._buffer.split(b"\n\n", 1)
-                data = b"\n".join(line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:"))
+            for event in complete:
+                if event.startswith(b"data:") and b"\n" not in event:  # the usual one-line event
+                    data = event[5:].lstrip()
+                else:
+                    data = b"\n".join(line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:"))
                 if data:
                     events.append((event, data))
             if events:
@@ -145,35 +152,47 @@ class PolicyStream:
     def feed(self, events: list[Event]) -> bytes:
         """The bytes to send the client for ``events``."""
         out: list[bytes] = []
+        choices, meta, record = self.choices, self.meta, self.record
         for event, data in events:
             if data == b"[DONE]":
-                self.end("failed" if self.failed or not self.choices else "complete")
+                self.end("failed" if self.failed or not choices else "complete")
                 out.append(b"data: [DONE]\n\n")
                 continue
             try:
-                chunk = json.loads(data)
-            except json.JSONDecodeError:
+                chunk = _decode(data.decode())
+            except (ValueError, UnicodeDecodeError):
                 chunk = None
             if not isinstance(chunk, dict):  # not ours to understand: passed on as it came
                 out.append(event + b"\n\n")
                 continue
             if self.first_at is None:
                 self.first_at = time.perf_counter()
-            if "prompt_token_ids" in chunk and self.record.prompt_token_ids is None:
-                self.record.prompt_token_ids = chunk["prompt_token_ids"]
-            for key in ("id", "created", "model", "usage", "system_fingerprint"):
-                if chunk.get(key) is not None:
-                    self.meta[key] = chunk[key]
+                for key in ("id", "created", "model", "system_fingerprint"):  # the same in every chunk
+                    if chunk.get(key) is not None:
+                        meta[key] = chunk[key]
+            prompt_ids = chunk.pop("prompt_token_ids", None) if not self.want_ids else chunk.get("prompt_token_ids")
+            if prompt_ids is not None and record.prompt_token_ids is None:
+                record.prompt_token_ids = prompt_ids
+            usage = chunk.get("usage")
+            if usage is not None:
+                meta["usage"] = usage
             if "error" in chunk:
                 self.failed = True  # relayed; the call is stored as failed
             for c in chunk.get("choices") or ():
                 if isinstance(c, dict):
                     index = c.get("index")
-                    self.choices.setdefault(index if isinstance(index, int) else 0, _Choice()).add(c)
-            stripped = strip_extras(chunk, self.want_ids, self.want_logprobs)
-            if self.model is not None and "model" in stripped:
-                stripped["model"] = self.model
-            out.append(b"data: " + json.dumps(stripped).encode() + b"\n\n")
+                    got = choices.get(index if isinstance(index, int) else 0)
+                    if got is None:
+                        got = choices[index if isinstance(index, int) else 0] = _Choice()
+                    got.add(c)
+                    if not self.want_ids:
+                        c.pop("token_ids", None)
+                        c.pop("prompt_token_ids", None)
+                    if not self.want_logprobs and "logprobs" in c:
+                        c["logprobs"] = None
+            if self.model is not None and "model" in chunk:
+                chunk["model"] = self.model
+            out.append(b"data: " + _encode(chunk).encode() + b"\n\n")
         return b"".join(out)
 
     @property
