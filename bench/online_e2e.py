@@ -405,6 +405,7 @@ def gateway_config(work: Path, port: int, serve: str, upstream: str, args: argpa
             "timeout_s": 600,
         }
     config["rollback"] = {"window": 50, "min_traces": 20, "margin": args.rollback_margin}
+    config["shutdown_timeout_s"] = 150  # the last commit trains and checks one more batch before the gateway exits
     path = work / "online.yaml"
     path.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
     return path

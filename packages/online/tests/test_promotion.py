@@ -112,7 +112,8 @@ def reward_one(pipeline: Pipeline, served_as: str | None = None, reward: float =
     return trace_id
 
 
-def started(tmp_path: Path, committer: Scripted, **overrides: Any) -> Pipeline:
+def started(tmp_path: Path, scripted: Scripted, /, **overrides: Any) -> Pipeline:
+    committer = scripted
     pipeline = Pipeline(online(tmp_path, **overrides), SECRETS, committer=committer).start()
     assert committer.wait("serve", 1), committer.log  # v0 served at start
     return pipeline
@@ -201,7 +202,12 @@ def test_a_candidate_whose_check_or_serve_fails_is_refused_and_the_live_one_stay
 
 def test_a_live_version_whose_rolling_reward_falls_is_rolled_back(tmp_path, caplog):
     committer = Scripted([0.5], base=0.5)
-    pipeline = started(tmp_path, committer, rollback={"window": 10, "min_traces": 5, "margin": 0.2})
+    pipeline = started(
+        tmp_path,
+        committer,
+        rollback={"window": 10, "min_traces": 5, "margin": 0.2},
+        committer={"kind": "none", "interval_s": 3600, "min_traces": 6},  # v1's five rewards make no batch
+    )
     promoter = pipeline.promoter
     assert promoter is not None and pipeline.outbox is not None
     try:
@@ -361,5 +367,31 @@ def test_versions_and_decisions_on_either_store(tmp_path, make_store):
         assert pipeline.promoter.wait_decided(4, 10)
         assert states(pipeline) == [(0, "step-0", "live"), (1, "step-1", "rolled_back"), (2, "step-2", "refused")]
         assert [d["decision"] for d in pipeline.promoter.decisions()][:3] == ["rolled_back", "refused", "promoted"]
+    finally:
+        pipeline.close()
+
+
+def test_a_drop_the_windows_noise_explains_is_not_rolled_back(tmp_path):
+    committer = Scripted([0.5], base=0.5)
+    pipeline = started(
+        tmp_path,
+        committer,
+        rollback={"window": 10, "min_traces": 5, "margin": 0.1, "z": 2.0},
+        committer={"kind": "none", "interval_s": 3600, "min_traces": 12},  # v1's ten rewards make no batch
+    )
+    promoter = pipeline.promoter
+    assert promoter is not None and pipeline.outbox is not None
+    try:
+        for i in range(12):  # v0 ("1"): 1, 0, 1, 0, ... (mean 0.5 and a wide spread)
+            reward_one(pipeline, served_as="1", reward=float(i % 2 == 0), wake=False)
+        pipeline.rewarded(12)
+        assert pipeline.outbox.wait_committed(1, 10) and promoter.wait_decided(2, 10)  # v1 ("2") promoted
+        for r in (0.0, 0.0, 1.0, 0.0, 0.0):  # mean 0.2: 0.3 below, past the margin, but within two standard errors
+            reward_one(pipeline, served_as="2", reward=r, wake=False)
+        assert promoter.watch() is None
+        for _ in range(5):  # mean 0.1 over ten: now the drop is more than the noise
+            reward_one(pipeline, served_as="2", reward=0.0, wake=False)
+        reason = promoter.watch()
+        assert reason is not None and "2 standard errors" in reason, reason
     finally:
         pipeline.close()

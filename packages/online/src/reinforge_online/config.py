@@ -319,9 +319,12 @@ class RollbackSettings(Settings):
     enabled: bool = True
     window: int = 50  # the last this many rewarded traces of each version
     min_traces: int = 20  # each side needs this many before anything is decided
-    margin: float = 0.1  # rolled back when the live mean is below the predecessor's by more than this
+    margin: float = 0.1  # rolled back when the live mean is below the predecessor's by more than this ...
+    z: float = 2.0  # ... and by more than this many standard errors of the difference (not the windows' noise)
 
     def check(self) -> None:
+        at_least("z", self.z, 0.0)
+        finite("z", self.z)
         at_least("window", self.window, 1)
         at_least("min_traces", self.min_traces, 1)
         if self.min_traces > self.window:

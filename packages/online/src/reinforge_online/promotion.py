@@ -8,8 +8,10 @@ version. Without ``gate`` every candidate is promoted at once (logged as such).
 
 While a version is live its rolling reward (the last ``rollback.window`` rewards of the traces it
 answered) is compared with its predecessor's (the version it replaced, over that one's last window
-while it was live); when it falls below by more than ``rollback.margin`` (both with at least
-``rollback.min_traces`` rewards), the predecessor is served again (*rolled back*). An operator can roll
+while it was live); when it falls below by more than ``rollback.margin`` and by more than
+``rollback.z`` standard errors of the difference (both with at least ``rollback.min_traces``
+rewards: a drop the windows' noise explains is not acted on), the predecessor is served again
+(*rolled back*). An operator can roll
 back to any version that was live once (``reinforge online rollback N``). Versions are kept and
 numbered (``v0`` is what was served before any training); every decision is written to the store's
 ``decisions`` table, logged, and counted in ``reinforge_online_version_decisions_total{decision}``.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -138,6 +141,11 @@ def _rewards(db: Any, stints: list[dict[str, Any]], limit: int) -> list[float]:
         ).fetchall()
         out.extend(float(r[0]) for r in rows)
     return out
+
+
+def _variance(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
 
 
 class Promoter:
@@ -347,11 +355,13 @@ class Promoter:
             if len(mine) < settings.min_traces or len(theirs) < settings.min_traces:
                 return None
             m, t = sum(mine) / len(mine), sum(theirs) / len(theirs)
-            if m >= t - settings.margin:
-                return None
+            se = math.sqrt(_variance(mine) / len(mine) + _variance(theirs) / len(theirs))
+            if m >= t - settings.margin or (t - m) < settings.z * se:
+                return None  # within the margin, or a drop the windows' noise explains
             reason = (
                 f"rolling reward {m:.3f} over {len(mine)} traces fell below v{previous.seq}'s {t:.3f}"
-                f" over {len(theirs)} by more than the margin {settings.margin:g}"
+                f" over {len(theirs)} by more than the margin {settings.margin:g} (and {settings.z:g} standard"
+                f" errors, {se:.3f})"
             )
             self._roll_back(live, previous, reason, "rolled_back")
             return reason
