@@ -227,3 +227,20 @@ def test_a_trace_takes_at_most_max_calls_per_trace(make_store):
         assert store.count("calls") == 2 and store.healthy
     finally:
         store.close()
+
+
+def test_a_transaction_of_lazy_writes_does_not_wait_for_the_disk_and_durable_ones_do(store_spec, make_store):
+    """A stream's completion (durable=False) is committed without a sync of its own; every other write with one."""
+    store = make_store()
+    try:
+        if store_spec["kind"] == "sqlite":
+            setting = lambda db: int(db.execute("PRAGMA synchronous").fetchone()[0])  # noqa: E731
+            lazy, durable = 1, 2  # NORMAL, FULL
+        else:
+            setting = lambda db: db.execute("SHOW synchronous_commit").fetchone()[0]  # noqa: E731
+            lazy, durable = "off", "on"
+        assert store.submit(setting, durable=False).result(10) == lazy
+        assert store.submit(setting).result(10) == durable
+        assert store.submit(setting, durable=False).result(10) == lazy
+    finally:
+        store.close()

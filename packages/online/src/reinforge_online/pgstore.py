@@ -96,6 +96,13 @@ class PostgresTraceStore(TraceStore):
     """
 
     begin = "BEGIN"
+
+    def _durability(self, db: Any, lazy: bool) -> None:
+        """Every session commits with ``synchronous_commit = on``; a transaction of lazy writes says otherwise."""
+
+    def _lazy_transaction(self, db: Any) -> None:
+        db.execute("SET LOCAL synchronous_commit = off")
+
     for_update = " FOR UPDATE SKIP LOCKED"
 
     def __init__(

@@ -328,7 +328,7 @@ class Pipeline:
             call = redacted
         trace_id = call.trace_id
         try:
-            future = self.store.submit(lambda db: call.finish(db, state))
+            future = self.store.submit(lambda db: call.finish(db, state), durable=False)  # the ack was the first row's
         except StoreUnavailable as exc:
             _log.warning("the end of trace %s's stream is not stored (%s): its call stays 'streaming'", trace_id, exc)
             return

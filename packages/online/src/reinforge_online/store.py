@@ -322,6 +322,7 @@ def migrate(db: Any, where: str, statements: list[str], begin: str = "BEGIN IMME
 class _Item:
     write: Write
     future: Future[Any]
+    durable: bool = True  # False: may wait for the next durable commit to reach the disk (see ``submit``)
 
 
 _STOP = object()
@@ -378,6 +379,19 @@ class TraceStore:
 
     def _in_transaction(self, db: Any) -> bool:
         return bool(db.in_transaction)
+
+    _synchronous = "FULL"
+
+    def _durability(self, db: Any, lazy: bool) -> None:
+        """Before a transaction: SQLite's ``synchronous`` for it (FULL: on disk at commit; NORMAL: WAL frames
+        written, fsynced with the next FULL commit or checkpoint)."""
+        wanted = "NORMAL" if lazy else "FULL"
+        if wanted != self._synchronous:
+            db.execute(f"PRAGMA synchronous = {wanted}")  # one of two constants
+            self._synchronous = wanted
+
+    def _lazy_transaction(self, db: Any) -> None:
+        """Inside a transaction of non-durable writes only (PostgreSQL sets it here; SQLite before it)."""
 
     def _reconnect(self) -> None:
         """Before a probe: a connection the database dropped is opened again (SQLite's never drops)."""
@@ -444,8 +458,13 @@ class TraceStore:
 
     # -- writes --------------------------------------------------------------------------------
 
-    def submit(self, write: Write) -> Future[Any]:
+    def submit(self, write: Write, *, durable: bool = True) -> Future[Any]:
         """Queue ``write(db)`` for the writer thread; its future resolves once its transaction committed.
+
+        ``durable=False`` (a stream's completion, appended after its call was acknowledged): a transaction of
+        such writes only is committed without waiting for the disk (SQLite's ``synchronous=NORMAL`` in WAL
+        mode, PostgreSQL's ``synchronous_commit = off``): it survives a crash of the process at once and a
+        power loss with the next durable commit, and does not hold up the acknowledgements queued behind it.
 
         :raises StoreUnavailable: the store is closed, unhealthy or its queue is full (the write is dropped).
         """
@@ -457,7 +476,7 @@ class TraceStore:
             )
         future: Future[Any] = Future()
         try:
-            self._queue.put_nowait(_Item(write, future))
+            self._queue.put_nowait(_Item(write, future, durable))
         except queue.Full:
             self._on_error("queue_full")
             self._set_healthy(False)
@@ -536,8 +555,12 @@ class TraceStore:
         db = self._db
         results: list[tuple[bool, Any]] = []
         alone = len(items) == 1  # the usual case at low load: no savepoint needed (fewer statements, less waiting)
+        lazy = not any(item.durable for item in items)
         try:
+            self._durability(db, lazy)
             db.execute(self.begin)
+            if lazy:
+                self._lazy_transaction(db)
             try:
                 for item in items:
                     if not alone:
