@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from reinforge.config import ModelConfig
+from reinforge.plugin import ConfigError
 from reinforge_backend_local import packing
 from reinforge_backend_local.modeling import load_policy
 from reinforge_backend_local.weights import attach_lora
@@ -109,15 +110,22 @@ def test_lora_training_on_packed_frozen_weights_gives_the_same_loss_and_gradient
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-3)
 
 
-def test_matmul_dtype_auto_is_bf16_exactly_where_the_cpu_has_native_bf16(monkeypatch):
-    for flags, expected in (
-        ({"_is_amx_tile_supported"}, "bfloat16"),
-        ({"_is_avx512_bf16_supported"}, "bfloat16"),
-        (set(), "float32"),
+def test_matmul_dtype_auto_is_bf16_exactly_where_the_cpu_has_native_bf16_that_onednn_packs(monkeypatch):
+    for flags, packable, expected in (
+        ({"_is_amx_tile_supported"}, True, "bfloat16"),
+        ({"_is_avx512_bf16_supported"}, True, "bfloat16"),
+        ({"_is_avx512_bf16_supported"}, False, "float32"),
+        (set(), True, "float32"),
+        (set(), False, "float32"),
     ):
         for probe in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
             monkeypatch.setattr(torch.cpu, probe, lambda on=probe in flags: on, raising=False)
-        assert packing.native_bf16() is (expected == "bfloat16")
+        monkeypatch.setattr(packing, "bf16_packable", lambda on=packable: on)
+        assert packing.native_bf16() is bool(flags)
         assert packing.resolve_matmul_dtype("auto") == expected
         assert packing.resolve_matmul_dtype("float32") == "float32"
-        assert packing.resolve_matmul_dtype("bfloat16") == "bfloat16"
+        if packable:
+            assert packing.resolve_matmul_dtype("bfloat16") == "bfloat16"
+        else:
+            with pytest.raises(ConfigError, match="backend_args.matmul_dtype"):
+                packing.resolve_matmul_dtype("bfloat16")
