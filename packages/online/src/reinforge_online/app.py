@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.routing import Route
@@ -24,11 +25,7 @@ from .asgi import (
 )
 from .config import CHAT_ROUTE, OnlineSettings, Secrets
 from .gateway import Gateway
-from .metrics import Metrics
 from .pipeline import Pipeline
-from .redact import Redactor
-from .selection import Selection
-from .store import TraceStore
 
 __all__ = ["CLOSE_ROUTE", "FEEDBACK_ROUTE", "Gateway", "build_app"]
 
@@ -37,30 +34,19 @@ def build_app(
     settings: OnlineSettings,
     secrets: Secrets,
     *,
-    store: TraceStore | None = None,
-    selection: Selection | None = None,
-    metrics: Metrics | None = None,
-    redact: Redactor | None = None,
     pipeline: Pipeline | None = None,
     where: str = "online.yaml",
+    **parts: Any,
 ) -> Starlette:
     """The gateway's ASGI app; its lifespan closes the clients and drains the store at shutdown.
 
-    ``app.state.gateway`` is the :class:`Gateway` (its ``store`` and ``metrics`` included); ``where``
-    (the settings' file) starts the messages of components that fail to build. ``app.state.drained``
+    ``pipeline`` and ``parts`` (``store=``, ``selection=``, ``metrics=``, ``redact=``, ``committer=``) are
+    the :class:`Gateway`'s. ``app.state.gateway`` is the gateway (its ``store`` and ``metrics`` included);
+    ``where`` (the settings' file) starts the messages of components that fail to build. ``app.state.drained``
     says, after the shutdown, whether everything finished within the budget the server gave it
     (``app.state.shutdown_budget_s``, default ``shutdown_timeout_s``).
     """
-    gw = Gateway(
-        settings,
-        secrets,
-        store=store,
-        selection=selection,
-        metrics=metrics,
-        redact=redact,
-        pipeline=pipeline,
-        where=where,
-    )
+    gw = Gateway(settings, secrets, pipeline=pipeline, where=where, **parts)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

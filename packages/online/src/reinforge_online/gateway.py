@@ -29,15 +29,12 @@ from . import auth, feedback
 from .asgi import PATH_KEY, StreamResponse, api_error, http_error, relayed
 from .config import CHAT_ROUTE, OnlineSettings, Secrets
 from .errors import ApiError
-from .metrics import Metrics
 from .pipeline import Pipeline, task_of
 from .promotion import PromotionError
 from .proxy import Upstream, UpstreamError, UpstreamResponse, request_headers
 from .ratelimit import RateLimiter
-from .redact import Redactor
-from .selection import Selection
 from .shadow import ShadowRunner, resolve_tools
-from .store import CallRecord, StoreUnavailable, TraceStore
+from .store import CallRecord, StoreUnavailable
 from .streams import EventReader, PolicyStream, logprobs_of, strip_extras
 from .validation import check_chat_body, parse_json
 
@@ -64,8 +61,10 @@ def _refusal(status: int) -> str:
 class Gateway:
     """The routes' state: settings, keys, the upstream and policy clients, and the shared :class:`Pipeline`.
 
-    The pipeline (selection, store, redaction, rewards, committer, metrics) is built from the
-    settings unless one is given; a given pipeline belongs to its caller (started and closed there).
+    The pipeline (selection, store, redaction, rewards, committer, metrics) is built from the settings,
+    with any of its parts given as ``parts`` (:class:`Pipeline`'s keywords: ``store=``, ``selection=``,
+    ``metrics=``, ``redact=``, ``committer=``), unless a whole ``pipeline`` is given; that one belongs to its
+    caller (started and closed there).
     """
 
     def __init__(
@@ -73,20 +72,15 @@ class Gateway:
         settings: OnlineSettings,
         secrets: Secrets,
         *,
-        store: TraceStore | None = None,
-        selection: Selection | None = None,
-        metrics: Metrics | None = None,
-        redact: Redactor | None = None,
         pipeline: Pipeline | None = None,
         where: str = "online.yaml",
+        **parts: Any,
     ) -> None:
         self.settings = settings
         self.secrets = secrets
         tools = resolve_tools(settings, where) if "shadow" in settings.modes() else None  # before anything starts
         self.owns_pipeline = pipeline is None
-        self.pipeline = pipeline or Pipeline(
-            settings, secrets, store=store, selection=selection, metrics=metrics, redact=redact, where=where
-        )
+        self.pipeline = pipeline or Pipeline(settings, secrets, where=where, **parts)
         if self.owns_pipeline:
             self.pipeline.start()
         pl = self.pipeline
