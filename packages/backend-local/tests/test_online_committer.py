@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 from local_testlib import SCRIPTED, SWAP_KEY, FakeAdmin, reward, trained
-from test_serve import BackgroundServer
 
 import reinforge_backend_local.plugin as local_plugin
 from reinforge.plugin import ConfigError
+from reinforge.testing import BackgroundServer
 from reinforge_backend_local.online_committer import (
     LocalCommitter,
     LocalCommitterSettings,

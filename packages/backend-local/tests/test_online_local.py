@@ -16,7 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from test_serve import BackgroundServer
+
+from reinforge.testing import BackgroundServer
 
 pytest.importorskip("reinforge_online")
 

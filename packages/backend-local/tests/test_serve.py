@@ -5,8 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,45 +12,10 @@ import httpx
 import pytest
 
 from reinforge.errors import ConfigError
+from reinforge.testing import BackgroundServer
 
 KEY = "s3cret-key"
 MAX_BODY = 64 * 1024
-
-
-class BackgroundServer:
-    """uvicorn (uvloop + httptools) on 127.0.0.1, a free port, in a thread; ready when its lifespan started."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.ready = threading.Event()
-        config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        original = self.server.startup
-
-        async def startup(sockets: Any = None) -> None:
-            await original(sockets=sockets)
-            self.ready.set()
-
-        self.server.startup = startup  # type: ignore[method-assign]
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> BackgroundServer:
-        self.thread.start()
-        assert self.ready.wait(60), "the server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 @pytest.fixture(scope="module")

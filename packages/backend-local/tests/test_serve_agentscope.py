@@ -25,7 +25,8 @@ from agentscope.memory import InMemoryMemory  # noqa: E402
 from agentscope.message import Msg, TextBlock  # noqa: E402
 from agentscope.model import OpenAIChatModel  # noqa: E402
 from agentscope.tool import Toolkit, ToolResponse  # noqa: E402
-from test_serve import BackgroundServer  # noqa: E402
+
+from reinforge.testing import BackgroundServer  # noqa: E402
 
 KEY = "agentscope-key"
 CHAT_PATH = "/v1/chat/completions"

@@ -13,7 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
-from test_serve import BackgroundServer
+
+from reinforge.testing import BackgroundServer
 
 KEY = "traffic-key"
 ADMIN = "admin-key"

@@ -7,7 +7,6 @@ reinforge-online's own, over SQLite.
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -24,50 +23,12 @@ from starlette.routing import Route  # noqa: E402
 
 import reinforge_backend_trinity.plugin as trinity_plugin  # noqa: E402
 from reinforge.plugin import ConfigError  # noqa: E402
+from reinforge.testing import BackgroundServer  # noqa: E402
 from reinforge_backend_trinity.online_committer import TrinityCommitter, feedback_of  # noqa: E402
 from reinforge_online import CommitterContext, build_committer  # noqa: E402
 from reinforge_online.feedback import FeedbackRequest, apply_feedback  # noqa: E402
 from reinforge_online.outbox import Outbox  # noqa: E402
 from reinforge_online.store import CallRecord, TraceStore  # noqa: E402
-
-
-class BackgroundServer:
-    """uvicorn on 127.0.0.1, a free port, in a thread; ready once its startup finished."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.ready = threading.Event()
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        original = self.server.startup
-
-        async def startup(sockets: Any = None) -> None:
-            await original(sockets=sockets)
-            self.ready.set()
-
-        self.server.startup = startup  # type: ignore[method-assign]
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> BackgroundServer:
-        self.thread.start()
-        assert self.ready.wait(30), "the server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def v1(self) -> str:
-        return f"{self.base}/v1"
 
 
 def call(i: int, response_id: str | None) -> CallRecord:

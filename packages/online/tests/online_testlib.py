@@ -225,46 +225,6 @@ class FakePolicy(Fake):
         return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
 
 
-class BackgroundServer:
-    """uvicorn (uvloop + httptools) on 127.0.0.1, a free port, in a thread; ready when its startup finished."""
-
-    def __init__(self, app: Any) -> None:
-        import uvicorn
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.ready = threading.Event()
-        config = uvicorn.Config(app, loop="uvloop", http="httptools", log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        original = self.server.startup
-
-        async def startup(sockets: Any = None) -> None:
-            await original(sockets=sockets)
-            self.ready.set()
-
-        self.server.startup = startup  # type: ignore[method-assign]
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> BackgroundServer:
-        self.thread.start()
-        assert self.ready.wait(30), "the server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(30)
-        self.sock.close()
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def v1(self) -> str:
-        return f"{self.base}/v1"
-
-
 def recorded_policy_call(store: Any, messages: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:
     """The store's one trace and its one call, checked to be the fake policy's answer to ``messages``
     (asked as model ``gpt-up``) with the policy's prompt and completion token ids and logprobs."""

@@ -13,11 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
-from online_testlib import SECRETS, TRAFFIC_KEY, BackgroundServer
+from online_testlib import SECRETS, TRAFFIC_KEY
 from test_committer import reward
 from test_store import call
 
 from reinforge.plugin import ConfigError
+from reinforge.testing import BackgroundServer
 from reinforge_online.config import load_config
 from reinforge_online.outbox import Outbox
 from reinforge_online.store import TraceStore

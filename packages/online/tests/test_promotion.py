@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from online_testlib import ADMIN_KEY, HTTP, SECRETS, BackgroundServer, settings
+from online_testlib import ADMIN_KEY, HTTP, SECRETS, settings
 
 from reinforge.plugin import ConfigError
+from reinforge.testing import BackgroundServer
 from reinforge_online import CheckResult, CheckSpec, Version, VersionedCommitter
 from reinforge_online.app import build_app
 from reinforge_online.config import load_config

@@ -207,8 +207,9 @@ def test_rate_limits_are_on_by_default(gateway):
 def test_sampling_is_keyed_by_the_servers_secret_not_the_files_salt(tmp_path, upstream, policy, fakes):
     """Two gateways with the same online.yaml and different secrets sample different sessions: a client that
     reads the file (salt included) still cannot tell which of its sessions are sampled."""
-    from online_testlib import SECRETS, BackgroundServer, settings
+    from online_testlib import SECRETS, settings
 
+    from reinforge.testing import BackgroundServer
     from reinforge_online.app import build_app
 
     decisions = []

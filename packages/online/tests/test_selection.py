@@ -153,8 +153,9 @@ def test_serve_command_builds_the_gateway_from_a_file(tmp_path, monkeypatch):
 
 
 def test_a_raising_strategy_leaves_requests_unsampled(gateway, tmp_path, upstream, policy):
-    from online_testlib import SECRETS, BackgroundServer, settings
+    from online_testlib import SECRETS, settings
 
+    from reinforge.testing import BackgroundServer
     from reinforge_online.app import build_app
 
     class Broken:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pluggy
 
+    from .asgi_server import BackgroundServer
     from .openai_server import OpenAIServer, Reply
     from .scripted import ScriptedCall, ScriptedChatModel, ScriptExhaustedError
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 pytest_plugins = ["reinforge.testing.plugin"]
 
 __all__ = [
+    "BackgroundServer",
     "HookCall",
     "HookRecorder",
     "OpenAIServer",
@@ -42,6 +44,7 @@ __all__ = [
 ]
 
 _LAZY = {
+    "BackgroundServer": "reinforge.testing.asgi_server",
     "OpenAIServer": "reinforge.testing.openai_server",
     "Reply": "reinforge.testing.openai_server",
     "ScriptedCall": "reinforge.testing.scripted",
