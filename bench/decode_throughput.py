@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import emit
 
 from reinforge.config import ModelConfig
 from reinforge_backend_local.compute import on_compute_thread
@@ -162,7 +163,7 @@ def main() -> None:
             flush=True,
         )
     policy.close()
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -11,10 +11,11 @@ Greedy completions of five prompts from transformers (``AutoModelForCausalLM``) 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
+
+from _common import emit
 
 PROMPTS = ["What is 12 + 35?", "What is 7 + 8?", "Compute 101 + 99.", "What is 56 + 44?", "Add 3 and 4."]
 
@@ -56,4 +57,4 @@ def main(folder: str, max_tokens: int = 24) -> dict:
 
 
 if __name__ == "__main__":  # vLLM starts its engine in a spawned process: the guard is required
-    print(json.dumps(main(sys.argv[1])))
+    emit(main(sys.argv[1]))

@@ -47,7 +47,6 @@ import json
 import os
 import platform
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -61,6 +60,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _common
+from _common import (
+    emit,
+    fmt,
+    free_port,
+    make_venv,
+    median_of,
+    percentile,
+    process_tree,
+    say,
+    tree_cpu_s,
+    tree_rss,
+    venv_python,
+    versions,
+)
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 VENVS = ("gateway", "litellm-proxy")
@@ -72,7 +87,6 @@ IMPORT_CHECK = {
     "gateway": "import reinforge_online.app, aiohttp, psutil, uvicorn; print(reinforge_online.__version__)",
     "litellm-proxy": "import litellm.proxy.proxy_server; print('ok')",
 }
-SETUP_FAILED = "SETUP_FAILED.txt"
 MODEL = "bench-model"
 POLICY_MODEL = "bench-trained"
 SECRETS = {
@@ -100,35 +114,6 @@ UNSAMPLED_P50_MS, UNSAMPLED_P99_MS, SAMPLED_P50_MS = 1.0, 5.0, 2.0
 MODES = ("nonstream", "stream")
 GATEWAY_DISTS = ("reinforge-online", "reinforge", "starlette", "uvicorn", "httpx", "httptools", "uvloop", "aiohttp")
 LITELLM_DISTS = ("litellm", "litellm-enterprise", "litellm-proxy-extras", "fastapi", "uvicorn", "httpx", "openai")
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """The ``q``-quantile (0..1) with linear interpolation; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def med(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -243,108 +228,22 @@ def serve_fake(port: int) -> None:
 
 
 @dataclass
-class Server:
-    """One server process on 127.0.0.1 (its own process group), ready when ``ready_url`` answers 200."""
+class Server(_common.Server):
+    """A server of this benchmark: its environment (:func:`child_env`), its idle and peak RSS."""
 
-    name: str
-    command: list[str]
-    ready_url: str
     env: dict[str, str] = field(default_factory=dict)
-    log: Path | None = None
-    proc: subprocess.Popen | None = None
-    started: float = 0.0
-    startup_s: float | None = None
     idle_rss_mb: float | None = None
     peak_rss: int = 0
 
-    def start(self, log_dir: Path) -> None:
-        self.log = log_dir / f"{self.name}.log"
-        self.started = time.perf_counter()
-        with self.log.open("w") as out:
-            self.proc = subprocess.Popen(
-                self.command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=child_env(self.env),
-                cwd=log_dir,
-                start_new_session=True,
-            )
+    def start(self, log_dir: Path) -> None:  # type: ignore[override]
+        super().start(child_env(self.env), log_dir, log_dir / f"{self.name}.log")
 
-    def poll_ready(self, opener: urllib.request.OpenerDirector) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise RuntimeError(f"{self.name} exited with {self.proc.returncode} while starting:\n{tail(self.log)}")
-        try:
-            with opener.open(self.ready_url, timeout=2) as resp:
-                ok = resp.status == 200
-        except OSError:
-            return False
+    def poll_ready(self) -> bool:
+        ok = super().poll_ready()
         if ok:
-            self.startup_s = time.perf_counter() - self.started
+            assert self.proc is not None
             self.idle_rss_mb = round(tree_rss(self.proc.pid) / 1e6, 1)
         return ok
-
-    def stop(self) -> None:
-        """SIGINT to its process group, then SIGKILL to what is left after 20 s."""
-        proc = self.proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            with suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGINT)
-            with suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=20)
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-
-
-def wait_ready(servers: list[Server], timeout_s: float) -> None:
-    """Wait for every server at once (they start in parallel)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    pending = list(servers)
-    deadline = time.perf_counter() + timeout_s
-    while pending:
-        pending = [s for s in pending if not s.poll_ready(opener)]
-        if not pending:
-            return
-        if time.perf_counter() > deadline:
-            s = pending[0]
-            raise RuntimeError(f"{s.name} did not answer {s.ready_url} in {timeout_s:.0f} s:\n{tail(s.log)}")
-        time.sleep(0.25)
-
-
-def tree(pid: int) -> list[Any]:
-    import psutil
-
-    try:
-        p = psutil.Process(pid)
-        return [p, *p.children(recursive=True)]
-    except psutil.Error:
-        return []
-
-
-def tree_rss(pid: int) -> int:
-    import psutil
-
-    total = 0
-    for p in tree(pid):
-        with suppress(psutil.Error):
-            total += p.memory_info().rss
-    return total
-
-
-def tree_cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and its children so far."""
-    import psutil
-
-    total = 0.0
-    for p in tree(pid):
-        with suppress(psutil.Error):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
 
 
 class RssPoller:
@@ -366,7 +265,7 @@ class RssPoller:
         scanned = 0.0
         while not self.stopped.wait(self.interval_s):
             if time.perf_counter() - scanned > self.rescan_s:
-                trees = {s.name: tree(s.proc.pid) for s in self.servers if s.proc is not None}
+                trees = {s.name: process_tree(s.proc.pid) for s in self.servers if s.proc is not None}
                 scanned = time.perf_counter()
             for s in self.servers:
                 rss = 0
@@ -583,64 +482,21 @@ def setup(args: argparse.Namespace) -> dict:
     base = args.setup_python or sys.executable
     for name in VENVS:
         venv = args.venvs / name
-        failed = venv / SETUP_FAILED
-        log = args.venvs / f"setup-{name}.log"
-        python = venv / "bin" / "python"
+        python = venv_python(venv)
         install = [str(python), "-m", "pip", "install", "-r", str(REQUIREMENTS[name])]
         if name == "litellm-proxy":
             install.insert(4, "--no-deps")
-        steps = [
-            [base, "-m", "venv", "--clear", str(venv)],
-            install,
-            [str(python), "-c", IMPORT_CHECK[name]],
-        ]
-        print(f"setup {name}: {venv} (log: {log})", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        error = None
-        args.venvs.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as out:
-            for step in steps:
-                out.write(f"$ {' '.join(step)}\n")
-                out.flush()
-                # cwd: the gateway's requirements name the checkout's packages relative to the repository root
-                rc = subprocess.call(step, stdout=out, stderr=subprocess.STDOUT, env=child_env(), cwd=ROOT)
-                if rc != 0:
-                    error = f"`{' '.join(step[:6])} ...` exited with {rc}"
-                    break
-        if error:
-            error += f"; last lines of {log}:\n{tail(log, 12)}"
-            venv.mkdir(parents=True, exist_ok=True)
-            failed.write_text(error + "\n")
-        elif failed.exists():
-            failed.unlink()
-        results[name] = {"venv": str(venv), "ok": error is None, "error": error, "seconds": time.perf_counter() - start}
-        if error is None:
+        steps = [install, [str(python), "-c", IMPORT_CHECK[name]]]
+        # cwd: the gateway's requirements name the checkout's packages relative to the repository root
+        log = args.venvs / f"setup-{name}.log"
+        results[name] = make_venv(name, venv, steps, base_python=base, log=log, env=child_env(), cwd=ROOT)
+        if results[name]["ok"]:
             results[name]["versions"] = versions(str(python), GATEWAY_DISTS if name == "gateway" else LITELLM_DISTS)
-        print(f"setup {name}: {'ok' if error is None else error}", file=sys.stderr, flush=True)
     return results
 
 
-def versions(python: str, dists: tuple[str, ...]) -> dict[str, str]:
-    """Installed versions of ``dists`` in the interpreter ``python`` (missing ones left out)."""
-    code = (
-        "import importlib.metadata as m, json, sys\n"
-        "out = {}\n"
-        "for d in sys.argv[1:]:\n"
-        "    try: out[d] = m.version(d)\n"
-        "    except m.PackageNotFoundError: pass\n"
-        "print(json.dumps(out))"
-    )
-    done = subprocess.run([python, "-c", code, *dists], capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(f"{python} could not report versions: {done.stderr.strip()[-500:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def not_installed(venv: Path, what: str) -> str:
-    failed = venv / SETUP_FAILED
-    if failed.is_file():
-        return f"{what} is not installed: `--setup` failed: {failed.read_text().strip()}"
-    return f"{what} is not installed in {venv} (run `python bench/gateway_overhead.py --setup`)"
+    return _common.not_installed(venv, venv, what, "gateway_overhead.py")
 
 
 def gateway_python(args: argparse.Namespace) -> str | None:
@@ -672,14 +528,6 @@ def ensure_client_deps(args: argparse.Namespace) -> None:
 # -- report --------------------------------------------------------------------------------------------------------
 
 
-def say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def fmt(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def r3(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
@@ -693,7 +541,7 @@ def summarise(lat: dict, thr: dict, targets: list[Target], modes: list[str]) -> 
             runs = lat[t.name][mode]
             row: dict[str, Any] = {"target": t.name, "path": t.path, "mode": mode, "baseline": t.baseline}
             for key in ("p50_ms", "p99_ms", "mean_ms", "cpu_ms_per_request"):
-                row[key] = r3(med([x[key] for x in runs]))
+                row[key] = r3(median_of([x[key] for x in runs]))
             if t.baseline in by:
                 base = lat[t.baseline][mode]
                 for q in ("p50", "p99"):
@@ -702,7 +550,7 @@ def summarise(lat: dict, thr: dict, targets: list[Target], modes: list[str]) -> 
                         for a, b in zip(runs, base)
                         if a[f"{q}_ms"] is not None and b[f"{q}_ms"] is not None
                     ]
-                    row[f"added_{q}_ms"] = r3(med(added))
+                    row[f"added_{q}_ms"] = r3(median_of(added))
                     row[f"added_{q}_ms_runs"] = [round(x, 3) for x in added]
             row["requests"] = sum(x["ok"] for x in runs)
             row["errors"] = sum(x["errors"] for x in runs)
@@ -719,7 +567,7 @@ def summarise(lat: dict, thr: dict, targets: list[Target], modes: list[str]) -> 
                 continue
             row = {"target": t.name, "path": t.path, "mode": mode}
             for key in ("req_s", "p50_ms", "p99_ms", "cpu_ms_per_request", "cpu_cores"):
-                row[key] = r3(med([x[key] for x in runs]))
+                row[key] = r3(median_of([x[key] for x in runs]))
             row["req_s_runs"] = [round(x["req_s"], 1) for x in runs]
             row["requests"] = sum(x["ok"] for x in runs)
             row["errors"] = sum(x["errors"] for x in runs)
@@ -994,7 +842,7 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"--{key}: unknown {unknown} (known: {', '.join(known)})")
     if args.setup:
-        print(json.dumps({"bench": "gateway_overhead", "setup": setup(args)}))
+        emit({"bench": "gateway_overhead", "setup": setup(args)})
         return
     ensure_client_deps(args)
     loop = "asyncio"
@@ -1012,7 +860,7 @@ def main() -> None:
             stack.callback(s.stop)
             s.start(work)
         say(f"starting {', '.join(s.name for s in servers)} (logs in {work})")
-        wait_ready(servers, args.startup_timeout)
+        _common.wait_ready(servers, args.startup_timeout)
         poller = RssPoller(servers)
         stack.callback(poller.stop)
         asyncio.run(smoke(targets))
@@ -1066,7 +914,7 @@ def main() -> None:
             "request_body": request_body(),
             "logs": str(work),
         }
-        print(json.dumps(result))
+        emit(result)
 
 
 if __name__ == "__main__":

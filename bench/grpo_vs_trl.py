@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _common import emit, last_json
+
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM = "You are a careful calculator. Reply with just the number."
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -231,7 +233,7 @@ def run_child(kind: str, steps: int, seed: int, extra: list[str]) -> dict:
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])
         raise SystemExit(f"{kind} child failed with exit code {proc.returncode}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return last_json(proc.stdout)
 
 
 def main() -> None:
@@ -252,10 +254,10 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.child == "trl":
-        print(json.dumps(child_trl(args.steps, args.seed, args.trl_gradient_checkpointing, args.bf16)))
+        emit(child_trl(args.steps, args.seed, args.trl_gradient_checkpointing, args.bf16))
         return
     if args.child == "reinforge":
-        print(json.dumps(child_reinforge(args.steps, args.seed, args.bf16)))
+        emit(child_reinforge(args.steps, args.seed, args.bf16))
         return
 
     extra = ["--trl-gradient-checkpointing"] if args.trl_gradient_checkpointing else []
@@ -319,7 +321,7 @@ def main() -> None:
         "executed_flops_note": "4 * (106.2e6 * run tokens + 28.3e6 * completion tokens) / forward_backward / peak",
         "executed_flop_utilisation": round(executed_flops / train_s / (peak * 1e9), 3) if train_s else None,
     }
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,11 @@ Prints a JSON object as its last line: median_ms, cumulative_us of the
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import sys
+
+from _common import emit
 
 HEAVY = ("datasets", "litellm", "torch", "yaml", "numpy", "pandas", "pyarrow", "openai", "transformers")
 
@@ -42,7 +43,7 @@ def main() -> None:
         "heavy_modules": heavy,
         "python": sys.version.split()[0],
     }
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ try:
 except ImportError:  # `nox -s bench` installs core only: use the package from this checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "packages" / "judges-llm" / "src"))
 
+from _common import emit
+
 from reinforge.testing.openai_server import OpenAIServer, Reply
 from reinforge_judges_llm import ListwiseJudge, PairwiseJudge, PointwiseJudge, calibrate
 
@@ -183,7 +185,7 @@ def main() -> None:
     print("Calls per judgment / comparison / group by bias control")
     for name, n in cost.items():
         print(f"  {name:<48} {n}")
-    print(json.dumps(results))
+    emit(results)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,6 @@ import random
 import signal
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,8 +59,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from gateway_overhead import free_port  # bench/ is this script's folder: the same helpers
-from gateway_overhead import percentile as pct
+from _common import Server, emit, free_port  # bench/ is this script's folder: the shared helpers
+from _common import percentile as pct
 
 ROOT = Path(__file__).resolve().parents[1]
 MATH = ROOT / "examples" / "math"
@@ -108,41 +107,18 @@ def messages(question: str) -> list[dict[str, str]]:
     return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": question}]
 
 
-class Proc:
-    """A server process: started, waited for on a URL, stopped with SIGTERM (then SIGKILL)."""
+def proc(name: str, argv: list[str], ready_url: str, log: Path, headers: dict[str, str] | None = None) -> Server:
+    """A server of this run: signalled alone (SIGTERM; the gateway stops its committer's worker itself)."""
+    return Server(name, argv, ready_url, headers=headers or {}, own_group=False, log=log)
 
-    def __init__(self, name: str, argv: list[str], ready_url: str, log: Path, headers: dict[str, str] | None = None):
-        self.name, self.argv, self.ready_url, self.log, self.headers = name, argv, ready_url, log, headers or {}
-        self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, env: dict[str, str], timeout: float) -> float:
-        t0 = time.monotonic()
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(self.argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-        import urllib.request
-
-        while time.monotonic() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited with {self.proc.returncode}; see {self.log}")
-            try:
-                req = urllib.request.Request(self.ready_url, headers=self.headers)
-                with urllib.request.urlopen(req, timeout=2) as r:
-                    if r.status == 200:
-                        return time.monotonic() - t0
-            except OSError:
-                pass
-            time.sleep(0.25)
-        raise SystemExit(f"{self.name} was not ready within {timeout} s; see {self.log}")
-
-    def stop(self, timeout: float = 60.0) -> int | None:
-        if self.proc is None or self.proc.poll() is not None:
-            return None if self.proc is None else self.proc.returncode
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+def start(server: Server, env: dict[str, str], timeout: float) -> float:
+    """Start ``server`` from the repository root; seconds until it answered (exit with its log's tail if it did not)."""
+    server.start(env, ROOT)
+    try:
+        return server.wait_ready(timeout)
+    except RuntimeError as exc:
+        raise SystemExit(f"{exc}\n(see {server.log})") from None
 
 
 # -- held-out accuracy -----------------------------------------------------------------------------------------
@@ -573,7 +549,7 @@ def main() -> None:
     serve_url, upstream_v1 = f"http://127.0.0.1:{serve_port}", f"http://127.0.0.1:{fake_port}/v1"
     gw_url = f"http://127.0.0.1:{gw_port}"
     auth = {"authorization": f"Bearer {KEYS['E2E_SERVE_KEY']}"}
-    serve = Proc(
+    serve = proc(
         "serve",
         ["nice", "-n", str(args.serve_nice), py, "-m", "reinforge", "serve", SERVED]
         + ["--port", str(serve_port), "--threads", str(args.serve_threads)]
@@ -588,14 +564,14 @@ def main() -> None:
     front = ["nice", "-n", str(args.front_nice)] if args.front_nice < 0 and os.geteuid() == 0 else []
     if front:
         os.nice(args.front_nice)
-    fake = Proc(
+    fake = proc(
         "upstream",
         [*front, py, str(ROOT / "bench" / "gateway_overhead.py"), "--fake-server", str(fake_port)],
         f"{upstream_v1}/models",
         work / "upstream.log",
     )
     config = gateway_config(work, gw_port, serve_url, upstream_v1, args)
-    gateway = Proc(
+    gateway = proc(
         "gateway",
         [*front, py, "-m", "reinforge", "online", "serve", str(config), "--log-level", "warning"],
         f"{gw_url}/healthz",
@@ -613,10 +589,10 @@ def main() -> None:
     result["work_dir"] = str(work)
     print(f"work dir: {work}", file=sys.stderr)
     try:
-        result["startup_s"] = {"serve": round(serve.start(env, 300), 1), "upstream": round(fake.start(env, 60), 1)}
+        result["startup_s"] = {"serve": round(start(serve, env, 300), 1), "upstream": round(start(fake, env, 60), 1)}
         before = asyncio.run(accuracy(serve_url, tests))
         print(f"held-out before: {before}", file=sys.stderr)
-        result["startup_s"]["gateway"] = round(gateway.start(env, 120), 1)
+        result["startup_s"]["gateway"] = round(start(gateway, env, 120), 1)
         result["policy_version_start"] = version_now()
         versions: list[dict[str, Any]] = []
         mid: list[dict[str, Any]] = []
@@ -661,7 +637,8 @@ def main() -> None:
         flag.unlink(missing_ok=True)
         route = versions_of(gw_url)  # the admin route, as an operator sees it
         result["versions_route"] = {"live": route["live"], "versions": len(route["versions"])}
-        result["gateway_exit"] = gateway.stop(timeout=180)  # a last commit may train one more batch first
+        # a last commit may train one more batch first
+        result["gateway_exit"] = gateway.stop(signal.SIGTERM, timeout_s=180)
         listing = stored_versions(work / "traces.sqlite")  # ... so the final word is the store's
         result["version_listing"] = listing
         decided = [d["decision"] for d in listing["decisions"]]
@@ -677,8 +654,8 @@ def main() -> None:
         result["minutes"] = users.by_minute()
         result["store"] = store_report(work / "traces.sqlite", users.acknowledged)
     finally:
-        for proc in (gateway, fake, serve):
-            proc.stop()
+        for server in (gateway, fake, serve):
+            server.stop(signal.SIGTERM, timeout_s=60)
 
     gain = (result["accuracy_after"]["accuracy"] - result["accuracy_before"]["accuracy"]) * 100
     swaps = sum(1 for v in result["version_listing"]["versions"] if v["stints"]) - 1  # versions served after v0
@@ -735,7 +712,7 @@ def main() -> None:
     print()
     b, a = result["accuracy_before"]["accuracy"], result["accuracy_after"]["accuracy"]
     print(f"held-out greedy accuracy: {b:.1%} -> {a:.1%} ({gain:+.1f} points); policy versions advanced: {swaps}")
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -8,9 +8,10 @@ metric aggregation. Prints a JSON object as its last line.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
+
+from _common import emit
 
 from reinforge import WorkflowOutput
 from reinforge.judges.rules import last_number
@@ -47,19 +48,17 @@ def main() -> None:
         assert len(result.trajectories) == args.tasks * args.group_size
     rollouts = args.tasks * args.group_size
     best = statistics.median(seconds)
-    print(
-        json.dumps(
-            {
-                "bench": "runner_overhead",
-                "tasks": args.tasks,
-                "group_size": args.group_size,
-                "rollouts": rollouts,
-                "seconds_median": round(best, 3),
-                "rollouts_per_s": round(rollouts / best, 1),
-                "overhead_us_per_rollout": round(best / rollouts * 1e6, 1),
-                "reward_mean": result.metrics["reward/mean"],
-            }
-        )
+    emit(
+        {
+            "bench": "runner_overhead",
+            "tasks": args.tasks,
+            "group_size": args.group_size,
+            "rollouts": rollouts,
+            "seconds_median": round(best, 3),
+            "rollouts_per_s": round(rollouts / best, 1),
+            "overhead_us_per_rollout": round(best / rollouts * 1e6, 1),
+            "reward_mean": result.metrics["reward/mean"],
+        }
     )
 
 

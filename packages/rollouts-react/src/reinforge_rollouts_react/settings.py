@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reinforge.plugin import FieldError, Settings, at_least, finite, one_of
+from reinforge.plugin import FieldError, Settings, at_least, finite, load_settings, one_of
 
 from .prompts import DEFAULT_SYS_PROMPT
 
-__all__ = ["ACTION_FORMATS", "DEFAULT_STOP", "STEP_KINDS", "ReactSettings", "check_few_shot"]
+__all__ = ["ACTION_FORMATS", "DEFAULT_STOP", "STEP_KINDS", "ReactSettings", "check_few_shot", "react_settings"]
 
 ACTION_FORMATS = ("auto", "native", "text", "json")
 DEFAULT_STOP: tuple[str, ...] = ("\nObservation:",)
@@ -29,7 +29,11 @@ STEP_KINDS = ("tool", "tool_error", "tool_timeout", "unknown_tool", "invalid", "
 
 @dataclass
 class ReactSettings(Settings):
-    """``workflow.args`` of ``react`` (see the package README for each key).
+    """``workflow.args`` of ``react``: the one definition of ReAct's settings and their defaults.
+
+    :class:`~reinforge_rollouts_react.ReActAgent`, :class:`~reinforge_rollouts_react.ReactWorkflow`
+    and :func:`~reinforge_rollouts_react.react_workflow` all take one of these
+    (or its fields as keywords); the package README's table says what each key means.
 
     ``tools`` entries are registered tool names, ``module:attr`` references,
     ``{name: <tool>, timeout: <s>, description: <text>}`` mappings, or (from
@@ -57,6 +61,8 @@ class ReactSettings(Settings):
 
         if self.tools is None:
             self.tools = []
+        if self.few_shot is None:
+            self.few_shot = []
         elif isinstance(self.tools, (str, Mapping, Tool)) or callable(self.tools):
             self.tools = [self.tools]  # one tool given on its own
         if isinstance(self.stop, str):
@@ -81,21 +87,25 @@ class ReactSettings(Settings):
             # (core builds it in build_job, before any model loads), with that run's plugins and folder
             check_tool_entries(self.tools, key="tools")
 
-    def agent_options(self) -> dict[str, Any]:
-        """The keyword arguments of :class:`~reinforge_rollouts_react.ReActAgent` (all but tools and question_field)."""
-        return {
-            "sys_prompt": self.sys_prompt,
-            "max_turns": self.max_turns,
-            "action_format": self.action_format,
-            "tool_timeout": self.tool_timeout,
-            "max_observation_chars": self.max_observation_chars,
-            "strict_format": self.strict_format,
-            "protocol_prompt": self.protocol_prompt,
-            "stop": self.stop,
-            "sampling": self.sampling,
-            "few_shot": self.few_shot,
-            "turn_rewards": self.turn_rewards,
-        }
+
+def react_settings(
+    settings: ReactSettings | Mapping[str, Any] | None, options: Mapping[str, Any], *, where: str, prefix: str = ""
+) -> ReactSettings:
+    """One checked :class:`ReactSettings` from a settings object, a mapping or keyword options.
+
+    The agent, the workflow class and the workflow function all build theirs
+    here, so the keys, defaults and checks are those of the run file.
+
+    :raises ConfigError: a bad or unknown key, ``<where>: <prefix>.max_turns: must be at least 1, got 0``.
+    :raises TypeError: both a settings object and keyword options, or neither a mapping nor settings.
+    """
+    if settings is None or isinstance(settings, Mapping):
+        return load_settings(ReactSettings, {**dict(settings or {}), **options}, where=where, prefix=prefix)
+    if not isinstance(settings, ReactSettings):
+        raise TypeError(f"{where} takes ReactSettings (or keyword settings), got {type(settings).__name__}")
+    if options:
+        raise TypeError(f"{where}: give a settings object or keyword settings, not both")
+    return settings
 
 
 FEW_SHOT_ROLES = ("user", "assistant", "tool")

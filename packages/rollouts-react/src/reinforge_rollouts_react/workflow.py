@@ -15,26 +15,27 @@ that does not resolve fail ``reinforge tune --dry-run`` naming
 ``workflow: args.<key>``), builds one workflow per run (which resolves its
 tools once, against a tool registry built for that run) and calls it per task.
 
-From Python, build one (``ReactWorkflow(tools=[calculator], max_turns=4)``), bind
-the settings of :func:`react_workflow` with :func:`functools.partial`, or call
-:func:`react_workflow` inside your own workflow::
+From Python, build one (``ReactWorkflow(tools=[calculator], max_turns=4)`` or
+``ReactWorkflow(ReactSettings(...))``), bind the settings of :func:`react_workflow`
+with :func:`functools.partial`, or call :func:`react_workflow` inside your own
+workflow; all of them take the keys of :class:`ReactSettings` and nothing else::
 
     tune(ReactWorkflow(tools=[calculator], max_turns=4), judge, ...)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from reinforge import ChatModel, WorkflowOutput
 from reinforge.plugin import ComponentContext, ConfigError, load_settings
 
 from .agent import ReActAgent
-from .prompts import DEFAULT_SYS_PROMPT
 from .registry import resolve_tools, tool_registry
-from .settings import DEFAULT_STOP, ReactSettings
+from .settings import ReactSettings, react_settings
 
 __all__ = ["ReactSettings", "ReactWorkflow", "check_settings", "react_workflow", "task_question"]
 
@@ -63,21 +64,14 @@ async def react_workflow(
     auxiliary_models: dict[str, ChatModel] | None = None,
     logger: logging.Logger | None = None,
     *,
-    tools: Sequence[Any] | None = None,
-    max_turns: int = 4,
-    sys_prompt: str = DEFAULT_SYS_PROMPT,
-    action_format: str = "auto",
-    question_field: str = "question",
-    tool_timeout: float | None = 10.0,
-    max_observation_chars: int = 2000,
-    strict_format: bool = False,
-    protocol_prompt: str | None = None,
-    stop: Sequence[str] | None = DEFAULT_STOP,
-    sampling: dict[str, Any] | None = None,
-    few_shot: Sequence[dict[str, Any]] | None = None,
-    turn_rewards: dict[str, float] | None = None,
+    settings: ReactSettings | None = None,
+    **options: Any,
 ) -> WorkflowOutput:
     """Run one ReAct episode on ``task[question_field]``.
+
+    :param settings: a :class:`ReactSettings`, or give its keys as keywords
+        (``react_workflow(task, model, tools=["calculator"], max_turns=4)``);
+        they are checked, and tool names resolved, on every call.
 
     The response is the episode (a :class:`ReActResult` whose text is the final
     answer, "" when there is none); the metrics are turns, tool_call_count,
@@ -87,23 +81,9 @@ async def react_workflow(
     failed model call is ``TaskStatus.FAILED``; a wrong or missing answer is
     SUCCESS (the judges decide). Bad settings raise :class:`ConfigError`.
     """
-    agent = ReActAgent(
-        model,
-        tools=tools,
-        sys_prompt=sys_prompt,
-        max_turns=max_turns,
-        action_format=action_format,
-        tool_timeout=tool_timeout,
-        max_observation_chars=max_observation_chars,
-        strict_format=strict_format,
-        protocol_prompt=protocol_prompt,
-        stop=stop,
-        sampling=sampling,
-        few_shot=few_shot,
-        turn_rewards=turn_rewards,
-        logger=logger,
-    )
-    result = await agent.run(task_question(task, question_field))
+    checked = react_settings(settings, options, where=WHERE, prefix="args")
+    agent = ReActAgent(model, checked, logger=logger)
+    result = await agent.run(task_question(task, checked.question_field))
     return result.to_workflow_output()
 
 
@@ -127,19 +107,15 @@ class ReactWorkflow:
         context: ComponentContext | None = None,
         **options: Any,
     ) -> None:
-        if settings is None or isinstance(settings, Mapping):
-            settings = load_settings(ReactSettings, {**dict(settings or {}), **options}, where=WHERE, prefix="args")
-        elif options:
-            raise TypeError("ReactWorkflow: give a settings object or keyword settings, not both")
-        if not isinstance(settings, ReactSettings):
-            raise TypeError(f"ReactWorkflow takes ReactSettings (or keyword settings), got {type(settings).__name__}")
-        self.settings = settings
+        self.settings = react_settings(settings, options, where=WHERE, prefix="args")
         # built by core: tool names are looked up with the run's plugins, module:attr tools next to the run file
         pm = context.plugin_manager if context is not None else None
         registry = tool_registry(pm) if pm is not None and hasattr(pm.hook, "register_tools") else None
         base_dir = context.base_dir if context is not None else None
         where = f"{context.where}: args.tools" if context is not None else f"{WHERE}: args.tools"
-        self.tools = resolve_tools(settings.tools, registry, where=where, base_dir=base_dir)
+        self.tools = resolve_tools(self.settings.tools, registry, where=where, base_dir=base_dir)
+        # what each episode's agent gets: the same settings with the tools resolved above
+        self._episode_settings = dataclasses.replace(self.settings, tools=list(self.tools))
 
     def __repr__(self) -> str:
         return f"ReactWorkflow(tools={[t.name for t in self.tools]}, max_turns={self.settings.max_turns})"
@@ -152,7 +128,7 @@ class ReactWorkflow:
         logger: logging.Logger | None = None,
     ) -> WorkflowOutput:
         """Run one ReAct episode on ``task[question_field]``; see :func:`react_workflow`."""
-        agent = ReActAgent(model, tools=self.tools, logger=logger, **self.settings.agent_options())
+        agent = ReActAgent(model, self._episode_settings, logger=logger)
         result = await agent.run(task_question(task, self.settings.question_field))
         return result.to_workflow_output()
 
