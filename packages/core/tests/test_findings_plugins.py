@@ -1,11 +1,13 @@
 """Findings of the core 0.4 issue on plugin management and the testing kit (the third-party author's).
 
 Each test fails on the core before 0.4 (commit cdd16e7): ``plugins --check``, registration checks,
-built-in names kept for core.
+built-in names kept for core, ``run_command``'s prefix, ``hook_recorder`` seeing ``register_*``,
+``build_and_install`` leaving the project folder alone, the template's error and imports.
 """
 
 from __future__ import annotations
 
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -15,8 +17,9 @@ import pytest
 from reinforge import hookimpl
 from reinforge.cli import main
 from reinforge.errors import PluginError
-from reinforge.plugin import Registry
+from reinforge.plugin import ConfigurationError, Registry
 from reinforge.plugins import build_registry, describe_plugins, get_plugin_manager
+from reinforge.testing import build_and_install, plugin_registry, run_command, run_process
 
 
 def make_dist(root: Path, dist: str, module_source: str) -> None:
@@ -176,3 +179,81 @@ def test_core_collected_after_a_plugin_still_keeps_its_name() -> None:
     registry.registrar("judges", "reinforge")("json_valid", judge_shaped)
     assert registry.get("judges", "json_valid").owner == "reinforge"
     assert "reinforge-judge-taker: judge 'json_valid' is a built-in" in registry.broken["reinforge-judge-taker"]
+
+
+# -- the testing kit does what its docs say ---------------------------------------------------------------
+
+
+def test_run_command_runs_python_m_reinforge(tmp_path: Path) -> None:
+    proc = run_command(["--version"], cwd=tmp_path)
+    assert proc.stdout.startswith("reinforge "), proc.stdout
+    other = run_process([sys.executable, "-c", "print('any program')"], cwd=tmp_path)
+    assert other.stdout == "any program\n"
+
+
+def test_hook_recorder_sees_the_register_hooks(hook_recorder) -> None:
+    class Plugin:
+        @hookimpl
+        def register_judges(self, register):
+            register("mine", judge_shaped)
+
+    registry = plugin_registry(hook_recorder.pm, {"reinforge-judge-mine": Plugin()})
+    assert registry.get("judges", "mine").owner == "reinforge-judge-mine"
+    calls = hook_recorder.calls("register_judges")
+    assert len(calls) == 2, hook_recorder.names()  # core's built-ins, then the plugin: one call per plugin
+    assert all(callable(call["register"]) for call in calls)
+
+
+PROJECT = """
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "rf-check-wheel"
+version = "0.1"
+
+[tool.hatch.build.targets.wheel]
+packages = ["rf_check_wheel"]
+"""
+
+
+@pytest.mark.slow
+def test_build_and_install_leaves_the_project_folder_alone(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "rf_check_wheel").mkdir(parents=True)
+    (project / "rf_check_wheel" / "__init__.py").write_text("")
+    (project / "pyproject.toml").write_text(PROJECT)
+    before = sorted(p.relative_to(project) for p in project.rglob("*"))
+    wheel = build_and_install(project, tmp_path / "site")
+    assert wheel.is_file() and project not in wheel.parents
+    assert sorted(p.relative_to(project) for p in project.rglob("*")) == before
+    assert (tmp_path / "site" / "rf_check_wheel" / "__init__.py").is_file()
+
+
+# -- the plugin template: the error the docs name, and core through its public API only -------------------
+
+TEMPLATE = Path(__file__).resolve().parents[3] / "templates" / "plugin"
+CORE_IMPORT = re.compile(r"^\s*(?:from|import)\s+reinforge\.([a-z_]+)", re.M)
+
+
+def test_the_template_imports_core_only_through_its_public_modules() -> None:
+    found = [
+        f"{path.relative_to(TEMPLATE)}: reinforge.{module}"
+        for path in sorted(TEMPLATE.rglob("*.py"))
+        for module in CORE_IMPORT.findall(path.read_text())
+        if module not in {"plugin", "testing"}
+    ]
+    assert not found, found
+
+
+def test_the_template_raises_the_error_its_docs_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.syspath_prepend(str(TEMPLATE / "src"))
+    monkeypatch.delitem(sys.modules, "reinforge_judge_example.plugin", raising=False)
+    from reinforge_judge_example.plugin import PoliteJudge
+
+    with pytest.raises(ConfigurationError, match="example_polite: max_words must be >= 1"):
+        PoliteJudge(max_words=0)
+    assert "ConfigurationError" in (TEMPLATE / "README.md").read_text()
+    for module in [m for m in sys.modules if m.startswith("reinforge_judge_example")]:
+        monkeypatch.delitem(sys.modules, module)

@@ -193,9 +193,11 @@ def collect(pm: pluggy.PluginManager, kind: Kind, registry: Registry) -> None:
     """Call the registration hook of ``kind`` one plugin at a time, so each name has an owner.
 
     Core's built-ins are collected first, so a plugin registering one of
-    their names is the one refused. A plugin whose hook raises is recorded in
-    ``registry.broken`` (and in ``pm.broken``); what it registered before
-    raising is kept.
+    their names is the one refused. Each call goes through pluggy's hook
+    machinery (a caller restricted to that plugin), so hook-call monitoring
+    (:class:`reinforge.testing.HookRecorder`) sees it. A plugin whose hook
+    raises is recorded in ``registry.broken`` (and in ``pm.broken``); what it
+    registered before raising is kept.
     """
     registry.add_kind(kind)
     caller = getattr(pm.hook, kind.hook, None)
@@ -204,8 +206,10 @@ def collect(pm: pluggy.PluginManager, kind: Kind, registry: Registry) -> None:
     impls = sorted(caller.get_hookimpls(), key=lambda impl: pm.get_name(impl.plugin) != CORE_DIST)
     for impl in impls:
         owner, version = plugin_distribution(pm, impl.plugin)
+        others = [p for p in pm.get_plugins() if p is not impl.plugin]
+        only_this = pm.subset_hook_caller(kind.hook, remove_plugins=others)
         try:
-            impl.function(register=registry.registrar(kind, owner))
+            only_this(register=registry.registrar(kind, owner))
         except Exception as exc:
             reason = f"{kind.hook} raised {type(exc).__name__}: {exc}"
             registry.broken[owner] = reason
