@@ -2,7 +2,7 @@
 
 Each test fails on the core before 0.4 (commit cdd16e7): ``plugins --check``, registration checks,
 built-in names kept for core, ``run_command``'s prefix, ``hook_recorder`` seeing ``register_*``,
-``build_and_install`` leaving the project folder alone, the template's error and imports.
+``build_and_install`` leaving the project folder alone, the template's error and imports; where to install from.
 """
 
 from __future__ import annotations
@@ -257,3 +257,52 @@ def test_the_template_raises_the_error_its_docs_name(monkeypatch: pytest.MonkeyP
     assert "ConfigurationError" in (TEMPLATE / "README.md").read_text()
     for module in [m for m in sys.modules if m.startswith("reinforge_judge_example")]:
         monkeypatch.delitem(sys.modules, module)
+
+
+# -- install from a checkout or a git URL: the packages are not on PyPI ------------------------------------
+
+REPO = TEMPLATE.parents[1]
+FOLDERS = sorted(p.parent.name for p in (REPO / "packages").glob("*/pyproject.toml"))
+BARE = re.compile(r"^'?\"?reinforge(?:-[a-z-]+)?(?:\[[^\]]*\])?'?\"?$")  # a name pip looks up on the index
+
+
+def repository_url() -> str:
+    """The repository URL from the packages' ``[project.urls]`` (``.../blob/main/packages/...``)."""
+    text = (REPO / "packages" / "core" / "pyproject.toml").read_text()
+    return re.search(r'"(https://github\.com/[^/"]+/[^/"]+)/blob/', text).group(1)
+
+
+def pip_lines(readme: str) -> list[str]:
+    blocks = re.findall(r"```bash\n(.*?)```", readme, flags=re.S)
+    return [line for block in blocks for line in block.replace("\\\n", " ").splitlines() if "pip install" in line]
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_each_package_readme_installs_from_a_checkout_or_git(folder: str) -> None:
+    readme = (REPO / "packages" / folder / "README.md").read_text()
+    lines = pip_lines(readme)
+    assert any(f"./packages/{folder}" in line for line in lines), lines
+    assert f"{repository_url()}#subdirectory=packages/{folder}" in readme
+    bare = [
+        line
+        for line in lines
+        for word in line.split("#")[0].split()
+        if BARE.match(word) and "@" not in line.split("#")[0]
+    ]
+    assert not bare, f"packages/{folder}/README.md installs from PyPI, where reinforge is not: {bare}"
+
+
+def test_root_readme_says_how_to_install_each_package() -> None:
+    readme = (REPO / "README.md").read_text()
+    install = readme[readme.index("\n## Install") : readme.index("\n## ", readme.index("\n## Install") + 1)]
+    assert "./packages/core" in install and f"@ git+{repository_url()}#subdirectory=packages/core" in install
+    for folder in FOLDERS:
+        assert f"`packages/{folder}`" in readme, folder  # the table names every folder the commands take
+
+
+def test_core_readme_documents_the_check_and_the_kit() -> None:
+    readme = (REPO / "packages" / "core" / "README.md").read_text()
+    api = readme[readme.index("\n## Writing a plugin") :]
+    assert "reinforge plugins --check" in readme
+    for words in ("base_dir=None", "`run_process(", "python -m reinforge *args", "`plugin_registry(", "dist=None"):
+        assert words in api, words
