@@ -11,6 +11,8 @@ implements a hook nobody specifies (a misspelt ``register_judge``) or raises
 while registering is unregistered and recorded with its reason in
 :attr:`PluginManager.broken`; ``reinforge plugins`` lists it, and a command
 fails only when it needs a name that plugin would have registered.
+``reinforge plugins --check`` exits 1 on any broken plugin or name two plugins
+claim (:func:`plugin_problems`), for CI.
 """
 
 from __future__ import annotations
