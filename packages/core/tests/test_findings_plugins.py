@@ -3,6 +3,7 @@
 Each test fails on the core before 0.4 (commit cdd16e7): ``plugins --check``, registration checks,
 built-in names kept for core, ``run_command``'s prefix, ``hook_recorder`` seeing ``register_*``,
 ``build_and_install`` leaving the project folder alone, the template's error and imports; where to install from.
+``test_registration_accepts_what_serves_its_kind`` is the guard the other way: it passes before and after.
 """
 
 from __future__ import annotations
