@@ -190,6 +190,8 @@ def test_run_command_runs_python_m_reinforge(tmp_path: Path) -> None:
     assert proc.stdout.startswith("reinforge "), proc.stdout
     other = run_process([sys.executable, "-c", "print('any program')"], cwd=tmp_path)
     assert other.stdout == "any program\n"
+    with pytest.raises(AssertionError, match=r"pass the subcommand only \(run_command\(\['plugins'\]"):
+        run_command([sys.executable, "-m", "reinforge", "plugins"], cwd=tmp_path)  # the old convention, named
 
 
 def test_hook_recorder_sees_the_register_hooks(hook_recorder) -> None:

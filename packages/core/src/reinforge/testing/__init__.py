@@ -158,6 +158,11 @@ def run_command(
     """
     import sys
 
+    if args and str(args[0]) in (sys.executable, "python", "python3"):  # the pre-0.4 calling convention
+        raise AssertionError(
+            f"run_command runs `python -m reinforge` itself; pass the subcommand only (run_command({list(args[3:])!r}, "
+            f"...)) or use run_process for any program; got {args!r}"
+        )
     return run_process([sys.executable, "-m", "reinforge", *args], cwd=cwd, env=env, check=check, timeout=timeout)
 
 
