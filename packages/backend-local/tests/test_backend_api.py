@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from reinforge import cli
-from reinforge.testing import build_and_install, plugin_env, run_command
+from reinforge.testing import build_and_install, plugin_env, run_process
 
 TIMEOUT = 120
 DIST = "reinforge-backend-toy"
@@ -107,7 +107,7 @@ MY_ALGO = "  algorithm_type: my_algo\n  group_size: 2\n  temperature_schedule: c
 
 
 def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, check: bool = True):
-    return run_command(args, cwd=cwd, env=env, check=check, timeout=TIMEOUT)
+    return run_process(args, cwd=cwd, env=env, check=check, timeout=TIMEOUT)
 
 
 def _env(*paths: Path) -> dict[str, str]:

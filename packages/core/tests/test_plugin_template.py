@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from reinforge.testing import build_and_install, plugin_env, run_command
+from reinforge.testing import build_and_install, plugin_env, run_command, run_process
 from reinforge.testing.openai_server import OpenAIServer
 
 REPO = Path(__file__).resolve().parents[3]
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run(args: list[str], *, cwd: Path, env: dict[str, str] | None = None, check: bool = True):
-    return run_command(args, cwd=cwd, env=env, check=check, timeout=TIMEOUT)
+    return run_process(args, cwd=cwd, env=env, check=check, timeout=TIMEOUT)
 
 
 def _copy_template(dest: Path, suffix: str = "") -> Path:
@@ -68,7 +68,7 @@ def _env(*paths: Path, **extra: str) -> dict[str, str]:
 
 
 def _reinforge(args: list[str], env: dict[str, str], cwd: Path, check: bool = True):
-    return _run([sys.executable, "-m", "reinforge", *args], cwd=cwd, env=env, check=check)
+    return run_command(args, cwd=cwd, env=env, check=check, timeout=TIMEOUT)  # python -m reinforge ...
 
 
 def test_template_wheel_contents(installed):
@@ -129,7 +129,7 @@ def test_templates_own_tests_pass_against_the_installed_wheel(installed):
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "4 passed" in proc.stdout, proc.stdout
+    assert "5 passed" in proc.stdout, proc.stdout
 
 
 ROWS = [

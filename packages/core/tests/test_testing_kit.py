@@ -208,7 +208,7 @@ def test_check_entry_point_reports_clashes_with_core(site: Path, reinforge_pm) -
     if not core_judges:
         pytest.skip("core registers no judge to clash with")
     name = core_judges[0]
-    source = f"from reinforge import hookimpl\n@hookimpl\ndef register_judges(register):\n    register({name!r}, len)\n"
+    source = f"from reinforge import hookimpl\n@hookimpl\ndef register_judges(register):\n    register({name!r}, lambda task, response: 1.0)\n"
     make_dist(site, "rf-fake-clash", source)
-    with pytest.raises(AssertionError, match=f"{name!r} is registered twice"):
+    with pytest.raises(AssertionError, match=f"rf-fake-clash: judge {name!r} is a built-in of 'reinforge'"):
         check_entry_point("rf-fake-clash", judges=[name])

@@ -5,10 +5,8 @@ import asyncio
 import pytest
 
 from reinforge import JudgeOutput
-from reinforge.config import ComponentSpec
-from reinforge.plugin import build_component, plan_component
-from reinforge.plugins import build_registry
-from reinforge.testing import check_entry_point
+from reinforge.plugin import ComponentSpec, ConfigurationError, build_component, plan_component
+from reinforge.testing import check_entry_point, plugin_registry
 from reinforge_judge_example import plugin
 from reinforge_judge_example.plugin import keyword_judge
 
@@ -31,8 +29,7 @@ def test_keyword_judge_is_a_setting_and_reads_any_response():
 @pytest.fixture
 def registry(reinforge_pm):
     # the kit's plugin manager has only core's built-ins; register this plugin as its entry point would
-    reinforge_pm.register(plugin, name="reinforge-judge-example")
-    return build_registry(reinforge_pm)
+    return plugin_registry(reinforge_pm, {"reinforge-judge-example": plugin})
 
 
 def test_polite_judge_is_built_per_run_with_its_args(registry):
@@ -52,3 +49,9 @@ def test_polite_judge_is_built_per_run_with_its_args(registry):
 def test_a_misspelt_setting_fails_before_anything_runs(registry):
     with pytest.raises(Exception, match="max_wrds"):
         plan_component(ComponentSpec(ref="example_polite", args={"max_wrds": 3}), "judge", registry, where="run.yaml")
+
+
+def test_a_setting_no_run_can_use_is_a_permanent_error(registry):
+    spec = ComponentSpec(ref="example_polite", args={"max_words": 0})
+    with pytest.raises(ConfigurationError, match="example_polite: max_words must be >= 1, got 0"):
+        build_component(spec, "judge", registry, where="run.yaml")  # the run stops, nothing is retried

@@ -24,6 +24,9 @@ def _parser(pm: Any = None) -> argparse.ArgumentParser:
 
     sp = sub.add_parser("plugins", help="installed plugins, versions and what each registers")
     sp.add_argument("--json", action="store_true", help="print JSON")
+    sp.add_argument(
+        "--check", action="store_true", help="exit 1 when a plugin is broken or two plugins register the same name (CI)"
+    )
 
     sp = sub.add_parser("tune", help="train: run a run file on a backend")
     sp.add_argument("run_file")
@@ -115,12 +118,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_plugins(args: argparse.Namespace) -> int:
-    from .plugins import describe_plugins, get_plugin_manager
+    """List the plugins; with ``--check``, exit 1 naming each broken plugin and each name claimed twice."""
+    from .plugins import get_plugin_manager, plugin_problems
 
-    rows = describe_plugins(get_plugin_manager())
+    rows, problems = plugin_problems(get_plugin_manager())
     if args.json:
         print(json.dumps(rows, indent=2))
-        return 0
+        return _check_result(problems) if args.check else 0
     for row in rows:
         print(f"{row['name']} {row['version'] or ''}".rstrip() + (" [broken]" if row["broken"] else ""))
         if row["broken"]:
@@ -131,7 +135,15 @@ def cmd_plugins(args: argparse.Namespace) -> int:
             print(f"  conflict: {conflict}")
         if not row["registers"] and not row["broken"]:
             print(f"  hooks: {', '.join(row['hooks']) or '-'}")
-    return 0
+    return _check_result(problems) if args.check else 0
+
+
+def _check_result(problems: list[str]) -> int:
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        print(f"reinforge plugins --check: {len(problems)} problem(s)", file=sys.stderr)
+    return 1 if problems else 0
 
 
 # -- tune / eval ------------------------------------------------------------------------------

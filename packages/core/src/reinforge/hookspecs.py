@@ -12,7 +12,10 @@ the style of simonw/llm::
         register("my_judge", my_judge, kind="rule", reward_range=(0, 1))
 
 Names are global per kind: two plugins registering the same judge name is an
-error naming both distributions when the name is used. A ``@hookimpl`` whose
+error naming both distributions when the name is used. ``register`` checks
+what it gets (a judge must take ``(task, response, ...)``, a backend must be a
+class) and refuses core's built-in names (``json_valid``, ...): either is a
+``PluginError`` naming the distribution, kind and name. A ``@hookimpl`` whose
 name matches no specification (a typo) makes its plugin broken, with a message
 naming the plugin and the hook. Packages add hooks of their own through
 :func:`reinforge_addhooks`.

@@ -11,6 +11,8 @@ implements a hook nobody specifies (a misspelt ``register_judge``) or raises
 while registering is unregistered and recorded with its reason in
 :attr:`PluginManager.broken`; ``reinforge plugins`` lists it, and a command
 fails only when it needs a name that plugin would have registered.
+``reinforge plugins --check`` exits 1 on any broken plugin or name two plugins
+claim (:func:`plugin_problems`), for CI.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import pluggy
 
 from . import hookspecs
 from .errors import PluginError
-from .registry import ENV_VAR, KINDS, Component, Kind, Registry
+from .registry import CORE_DIST, ENV_VAR, KINDS, Component, Kind, Registry
 
 __all__ = [
     "CORE_DIST",
@@ -42,10 +44,10 @@ __all__ = [
     "describe_plugins",
     "get_plugin_manager",
     "plugin_distribution",
+    "plugin_problems",
 ]
 
 ENTRY_POINT_GROUP = hookspecs.PROJECT_NAME
-CORE_DIST = "reinforge"
 
 
 def normalize_name(name: str) -> str:
@@ -192,17 +194,24 @@ def plugin_distribution(pm: pluggy.PluginManager, plugin: object) -> tuple[str, 
 def collect(pm: pluggy.PluginManager, kind: Kind, registry: Registry) -> None:
     """Call the registration hook of ``kind`` one plugin at a time, so each name has an owner.
 
-    A plugin whose hook raises is recorded in ``registry.broken`` (and in
-    ``pm.broken``); what it registered before raising is kept.
+    Core's built-ins are collected first, so a plugin registering one of
+    their names is the one refused. Each call goes through pluggy's hook
+    machinery (a caller restricted to that plugin), so hook-call monitoring
+    (:class:`reinforge.testing.HookRecorder`) sees it. A plugin whose hook
+    raises is recorded in ``registry.broken`` (and in ``pm.broken``); what it
+    registered before raising is kept.
     """
     registry.add_kind(kind)
     caller = getattr(pm.hook, kind.hook, None)
     if caller is None:
         return
-    for impl in caller.get_hookimpls():
+    impls = sorted(caller.get_hookimpls(), key=lambda impl: pm.get_name(impl.plugin) != CORE_DIST)
+    for impl in impls:
         owner, version = plugin_distribution(pm, impl.plugin)
+        others = [p for p in pm.get_plugins() if p is not impl.plugin]
+        only_this = pm.subset_hook_caller(kind.hook, remove_plugins=others)
         try:
-            impl.function(register=registry.registrar(kind, owner))
+            only_this(register=registry.registrar(kind, owner))
         except Exception as exc:
             reason = f"{kind.hook} raised {type(exc).__name__}: {exc}"
             registry.broken[owner] = reason
@@ -222,6 +231,10 @@ def build_registry(pm: pluggy.PluginManager) -> Registry:
 
 def describe_plugins(pm: pluggy.PluginManager) -> list[dict[str, Any]]:
     """What ``reinforge plugins`` prints: name, version, hooks, registered names, conflicts and broken plugins."""
+    return _describe(pm)[0]
+
+
+def _describe(pm: pluggy.PluginManager) -> tuple[list[dict[str, Any]], Registry]:
     registry = build_registry(pm)
     owned = registry.by_owner()
     conflicts: dict[str, list[str]] = {}
@@ -254,4 +267,19 @@ def describe_plugins(pm: pluggy.PluginManager) -> list[dict[str, Any]]:
             },
         )
         row["broken"] = broken.reason
-    return sorted(rows.values(), key=lambda r: (r["name"] != CORE_DIST, r["name"]))
+    return sorted(rows.values(), key=lambda r: (r["name"] != CORE_DIST, r["name"])), registry
+
+
+def plugin_problems(pm: pluggy.PluginManager) -> tuple[list[dict[str, Any]], list[str]]:
+    """:func:`describe_plugins`'s rows, and what makes ``reinforge plugins --check`` fail, one line each.
+
+    The problems are broken plugins and names two plugins registered; each
+    line names the distribution(s) and the problem, so a CI log says what to fix.
+    """
+    rows, registry = _describe(pm)
+    problems = [f"plugin {row['name']} is broken: {row['broken']}" for row in rows if row["broken"]]
+    for (kind, name), owners in sorted(registry.conflicts.items()):
+        k = registry.kinds.get(kind)
+        what = k.singular if k is not None else kind
+        problems.append(f"{what} {name!r} is registered by more than one plugin: {', '.join(owners)}")
+    return rows, problems

@@ -6,6 +6,11 @@ description="")`` callable bound to that plugin's distribution, so every name
 has an owner. Two plugins registering the same name is not a silent rename:
 the name is marked as a conflict naming both distributions, and using it is an
 error, while everything else keeps working (``reinforge plugins`` lists it).
+Core's own names (``json_valid``, ...) are not up for grabs: a plugin that
+registers one is refused, so an installed plugin cannot break a built-in for
+every run. What is registered is checked as it is registered: a workflow,
+judge or group reward must be callable with its role's parameters, a backend
+must be a class; the error names the distribution, the kind and the name.
 Packages add their own kinds (rollouts-react's tools) with :class:`Kind`.
 """
 
@@ -16,7 +21,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import PluginError
+from .errors import PluginError, SignatureError
+from .signatures import check_registered
 
 __all__ = [
     "Component",
@@ -27,6 +33,7 @@ __all__ = [
 ]
 
 ENV_VAR = "REINFORGE_LOAD_PLUGINS"
+CORE_DIST = "reinforge"  # the owner of the built-in components (core's default plugin)
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,10 @@ class Registry:
                 raise PluginError(f"{owner}: a {k.singular} must be registered under a non-empty string name")
             if kind is not None and kind not in ("rule", "model"):
                 raise PluginError(f"{owner}: {k.singular} {name!r}: kind must be 'rule' or 'model', got {kind!r}")
+            taken = self.components.get(k.plural, {}).get(name)
+            if taken is not None and taken.owner == CORE_DIST and owner != CORE_DIST:
+                raise PluginError(_builtin_taken(owner, k, name))
+            _check_object(owner, k, name, obj)
             comp = Component(
                 k.plural,
                 name,
@@ -191,14 +202,58 @@ class Registry:
         return register
 
     def add(self, comp: Component) -> None:
-        """Add one component; a second owner of the same name makes it a conflict."""
+        """Add one component; a second owner of the same name makes it a conflict.
+
+        A name core registered is not shared: a plugin registering it gets a
+        :class:`PluginError` naming both (core's component stays).
+        """
         key = (comp.kind, comp.name)
         if key in self.conflicts:
             self.conflicts[key].append(comp.owner)
             return
         existing = self.components.setdefault(comp.kind, {}).get(comp.name)
+        if existing is not None and CORE_DIST in (existing.owner, comp.owner) and existing.owner != comp.owner:
+            if comp.owner == CORE_DIST:  # core collected after the plugin: core's name still wins
+                self.components[comp.kind][comp.name] = comp
+                self.broken[existing.owner] = _builtin_taken(existing.owner, self._kind(comp.kind), comp.name)
+                return
+            raise PluginError(_builtin_taken(comp.owner, self._kind(comp.kind), comp.name))
         if existing is not None:
             del self.components[comp.kind][comp.name]
             self.conflicts[key] = [existing.owner, comp.owner]
             return
         self.components[comp.kind][comp.name] = comp
+
+
+def _builtin_taken(plugin: str, kind: Kind, name: str) -> str:
+    return (
+        f"{plugin}: {kind.singular} {name!r} is a built-in of {CORE_DIST!r}; a plugin cannot register a built-in "
+        f"name (it would replace it for every run): register it under another name"
+    )
+
+
+def _check_object(owner: str, kind: Kind, name: str, obj: Any) -> None:
+    """What a core kind needs of a registered object, checked at registration; a :class:`PluginError` names all three.
+
+    Workflows, judges and group rewards follow their call contract
+    (:func:`reinforge.signatures.check_registered`); backends are classes.
+    A package's own kinds (tools, committers) check their objects themselves.
+    """
+    where = f"{owner}: {kind.singular} {name!r}"
+    if kind.plural == BACKENDS.plural:
+        if not isinstance(obj, type):
+            raise PluginError(
+                f"{where}: expected a class (a reinforge.plugin.Backend subclass), got {type(obj).__name__} {obj!r}"
+            )
+        return
+    if kind.role is None or kind.plural not in _CORE_KINDS:
+        return
+    if not callable(obj):
+        raise PluginError(f"{where}: expected a function or a class, got {type(obj).__name__} {obj!r}")
+    try:
+        check_registered(obj, kind.role, name)
+    except SignatureError as exc:
+        raise PluginError(f"{where}: {exc}") from None
+
+
+_CORE_KINDS = {k.plural for k in KINDS}

@@ -199,3 +199,44 @@ def bind(
         if key not in known and not accepts_any:
             raise SignatureError(f"{kind} {label} has no parameter {key!r} (set in args)")
     return BoundFunction(func, role, label, settings, tuple(passes), _is_async(func))
+
+
+def check_registered(obj: Any, role: str, name: str) -> None:
+    """Check a registered object against the ``role`` contract without calling or building it.
+
+    Why at registration: a judge without a ``response`` parameter, or a class
+    without ``__call__``, would otherwise be listed as fine by
+    ``reinforge plugins`` and fail only in a run. A function is checked as
+    :func:`bind` checks it (settings may fill its parameters without
+    defaults); a class through its ``__call__`` as its instances see it; a
+    ``@reward_func`` class was checked when it was decorated.
+
+    :raises SignatureError: naming the component and what is wrong.
+    """
+    kind = role.replace("_", " ")
+    if isinstance(obj, type):
+        if getattr(obj, "__reinforge_reward__", None) is not None:
+            return
+        owner = next((c for c in obj.__mro__ if c is not object and "__call__" in vars(c)), None)
+        if owner is None:
+            raise SignatureError(
+                f"{kind} class {name} has no __call__; its instances must be callable as "
+                f"({', '.join(REQUIRED[role])}, auxiliary_models=None, logger=None)"
+            )
+        try:
+            params = list(inspect.signature(vars(owner)["__call__"]).parameters.values())[1:]
+        except (TypeError, ValueError) as exc:
+            raise SignatureError(f"cannot read the signature of {kind} {name}.__call__: {exc}") from exc
+        bind(_SignatureOnly(inspect.Signature(params)), role, {}, name=name)
+        return
+    bind(obj, role, {}, name=name, contract_only=True)
+
+
+class _SignatureOnly:
+    """A stand-in with a given signature, for checking a class's ``__call__`` as its instances see it."""
+
+    def __init__(self, sig: inspect.Signature) -> None:
+        self.__signature__ = sig
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - never called
+        raise NotImplementedError

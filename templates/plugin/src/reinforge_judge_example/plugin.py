@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from reinforge import JudgeOutput, hookimpl, response_text, reward_func, sub_reward_func
+from reinforge.plugin import ConfigurationError
 
 
 async def keyword_judge(task: dict, response: Any, keyword: str = "please") -> JudgeOutput:
@@ -43,10 +44,8 @@ class PoliteJudge:
 
     def __init__(self, keyword: str = "please", max_words: int = 20) -> None:
         if max_words < 1:
-            # a wrong setting is the user's to fix: ConfigError names the judge and stops before any rollout
-            from reinforge.errors import ConfigError
-
-            raise ConfigError(f"example_polite: max_words must be >= 1, got {max_words}")
+            # a permanent error (retrying cannot help): ConfigurationError stops the run, naming the judge
+            raise ConfigurationError(f"example_polite: max_words must be >= 1, got {max_words}")
         self.keyword = keyword
         self.max_words = max_words
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import re
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pluggy
 
+    from ..registry import Registry
     from .asgi_server import BackgroundServer
     from .openai_server import OpenAIServer, Reply
     from .scripted import ScriptedCall, ScriptedChatModel, ScriptExhaustedError
@@ -40,7 +41,9 @@ __all__ = [
     "build_and_install",
     "check_entry_point",
     "plugin_env",
+    "plugin_registry",
     "run_command",
+    "run_process",
 ]
 
 _LAZY = {
@@ -75,8 +78,9 @@ class HookRecorder:
 
     Uses ``pm.add_hookcall_monitoring``, so calls are recorded even when no
     plugin implements the hook (``on_trajectory``, ``on_step_end``,
-    ``on_run_end`` and any hook a package adds). Detach recorders in reverse
-    order of attaching.
+    ``on_run_end`` and any hook a package adds). The ``register_*`` hooks are
+    recorded too, once per plugin that implements them (the registry calls
+    them one plugin at a time). Detach recorders in reverse order of attaching.
     """
 
     def __init__(self, pm: pluggy.PluginManager) -> None:
@@ -132,13 +136,13 @@ class HookRecorder:
             self.records.clear()
 
 
-def run_command(
-    args: list[str], *, cwd: Any, env: dict[str, str] | None = None, check: bool = True, timeout: float = 300
+def run_process(
+    args: list[Any], *, cwd: Any, env: dict[str, str] | None = None, check: bool = True, timeout: float = 300
 ) -> Any:
-    """Run a command and capture its output; with ``check``, a non-zero exit fails with stdout and stderr shown."""
+    """Run any command and capture its output; with ``check``, a non-zero exit fails with stdout and stderr shown."""
     import subprocess
 
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"{' '.join(map(str, args))} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
@@ -146,31 +150,69 @@ def run_command(
     return proc
 
 
-def build_and_install(project: Any, target: Any) -> Any:
+def run_command(
+    args: list[Any], *, cwd: Any, env: dict[str, str] | None = None, check: bool = True, timeout: float = 300
+) -> Any:
+    """Run ``python -m reinforge *args`` (this interpreter) and capture its output, as a user's shell would.
+
+    ``run_command(["plugins", "--check"], cwd=..., env=plugin_env(site))``;
+    with ``check``, a non-zero exit fails with stdout and stderr shown. For
+    any other program use :func:`run_process`.
+    """
+    import sys
+
+    if args and str(args[0]) in (sys.executable, "python", "python3"):  # the pre-0.4 calling convention
+        raise AssertionError(
+            f"run_command runs `python -m reinforge` itself; pass the subcommand only (run_command({list(args[3:])!r}, "
+            f"...)) or use run_process for any program; got {args!r}"
+        )
+    return run_process([sys.executable, "-m", "reinforge", *args], cwd=cwd, env=env, check=check, timeout=timeout)
+
+
+def build_and_install(project: Any, target: Any, *, dist: Any = None) -> Any:
     """Build ``project`` (a folder with a pyproject.toml) into a wheel and ``pip install`` it into ``target``.
 
     The real packaging path of a plugin, as its users get it: the build
     backend's wheel, installed with ``--no-deps --no-index`` into a private
-    folder (put it on ``PYTHONPATH`` with :func:`plugin_env`). Needs the build
+    folder (put it on ``PYTHONPATH`` with :func:`plugin_env`). The wheel is
+    written to ``dist`` (default: a new temporary folder), never into the
+    project, so a test leaves the project as it found it. Needs the build
     backend the project names and pip in the test environment. Returns the
     wheel's path.
     """
     import importlib.util
     import sys
+    import tempfile
     from pathlib import Path
 
     project, target = Path(project), Path(target)
     for module in ("pip", "hatchling"):
         if importlib.util.find_spec(module) is None:
             raise AssertionError(f"build_and_install needs {module!r} in the test environment")
-    out = project / "dist"
-    run_command([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)], cwd=project)
+    out = Path(dist) if dist is not None else Path(tempfile.mkdtemp(prefix="reinforge-wheel-"))
+    run_process([sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out)], cwd=project)
     wheels = sorted(out.glob("*.whl"))
     if len(wheels) != 1:
         raise AssertionError(f"expected one wheel in {out}, found {[w.name for w in wheels]}")
     pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", "--target", str(target)]
-    run_command([*pip, str(wheels[0])], cwd=project)
+    run_process([*pip, str(wheels[0])], cwd=project)
     return wheels[0]
+
+
+def plugin_registry(pm: pluggy.PluginManager, plugins: Mapping[str, Any] | None = None) -> Registry:
+    """The registry a run would build from ``pm``, after registering ``plugins`` (``{distribution: module}``).
+
+    Each module is registered under its distribution's name, as its entry
+    point would be, so names have the owner a run gives them; one already
+    registered under that name is left as it is. The registry is built through
+    the hooks, so a :class:`HookRecorder` on ``pm`` sees the ``register_*`` calls.
+    """
+    from ..plugins import build_registry
+
+    for name, plugin in (plugins or {}).items():
+        if pm.get_plugin(name) is None:
+            pm.register(plugin, name=name)
+    return build_registry(pm)
 
 
 def plugin_env(*sites: Any, **extra: str) -> dict[str, str]:
