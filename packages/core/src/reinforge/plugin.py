@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin module that imp
     from .agentscope_model import wants_agentscope
     from .backend import Backend, NoSettings
     from .components import ComponentContext, ComponentPlan, build_component, plan_component
-    from .config import AlgorithmConfig, ComponentSpec, DatasetConfig, ModelConfig, RunConfig, load_run, to_dict
+    from .config import AlgorithmConfig, ComponentSpec, DatasetConfig, ModelConfig, RunConfig
     from .errors import (
         ConfigError,
         ConfigurationError,
@@ -74,6 +74,7 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin module that imp
     from .refs import resolve_ref
     from .registry import KINDS, Component, Kind, Registry
     from .rewards import RewardComposer
+    from .runfile import load_run, to_dict
     from .runner import BatchResult, Runner
     from .serving import ApiError, CountResponses, bearer, bearer_matches, check_bearer
     from .settings import FieldError, Settings, at_least, finite, in_range, one_of, suggest
@@ -92,8 +93,8 @@ _LAZY = {
     "DatasetConfig": ("config", "DatasetConfig"),
     "ModelConfig": ("config", "ModelConfig"),
     "RunConfig": ("config", "RunConfig"),
-    "load_run": ("config", "load_run"),
-    "to_dict": ("config", "to_dict"),
+    "load_run": ("runfile", "load_run"),
+    "to_dict": ("runfile", "to_dict"),
     "ConfigError": ("errors", "ConfigError"),
     "ConfigurationError": ("errors", "ConfigurationError"),
     "MissingExtraError": ("errors", "MissingExtraError"),
