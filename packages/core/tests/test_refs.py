@@ -14,7 +14,7 @@ from reinforge.components import build_component as resolve_component
 from reinforge.config import ComponentSpec
 from reinforge.errors import ResolveError, SignatureError
 from reinforge.plugins import Component, Registry
-from reinforge.refs import resolve
+from reinforge.refs import resolve, resolve_ref
 from reinforge.runfile import load_run
 
 
@@ -236,3 +236,11 @@ def test_a_run_folder_file_never_replaces_a_module_imported_otherwise(tmp_path: 
     (tmp_path / "textwrap.py").write_text("def dedent(text):\n    return 'shadowed'\n")
     assert resolve("textwrap:dedent", "judges", None, base_dir=str(tmp_path)) is textwrap.dedent
     assert sys.modules["textwrap"] is textwrap
+
+
+def test_a_registered_name_needs_the_runs_registry_and_never_the_installed_plugins() -> None:
+    # before 0.4 a None registry quietly built a plugin manager of every installed plugin
+    with pytest.raises(TypeError, match=r"run.yaml: judges\[0\]: judge 'json_valid' is a registered name.*registry"):
+        resolve_ref("json_valid", "judges", None, where="run.yaml: judges[0]")
+    with pytest.raises(TypeError, match="registry"):
+        resolve_ref("json_valid", "judges")  # type: ignore[call-arg]  # the registry is a required argument
