@@ -404,7 +404,7 @@ class EvalConfig(Settings):
 
 @dataclass(kw_only=True)
 class RunConfig(Settings):
-    """A whole run, as written in ``run.yaml``; ``source`` and ``base_dir`` are set by :func:`~reinforge.runfile.load_run`."""
+    """A whole run, as written in ``run.yaml``; ``source`` and ``base_dir`` are set by ``runfile.load_run``."""
 
     project_name: str = "reinforge"
     experiment_name: str = "run"

@@ -17,12 +17,15 @@ import re
 import typing
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import DatasetConfig, RunConfig, from_dict
 from .dataset_io import looks_local
 from .errors import ConfigError, require
 from .settings import settings_keys
+
+if TYPE_CHECKING:
+    from .registry import Registry
 
 __all__ = ["build_run", "dump_run", "load_run", "to_dict"]
 
@@ -113,7 +116,7 @@ def _local_path(raw: str, base: Path) -> Path | None:
     return candidate if candidate.exists() or looks_local(raw) else None
 
 
-def load_run(path: str | os.PathLike[str], *, registry: Any = None) -> RunConfig:
+def load_run(path: str | os.PathLike[str], *, registry: Registry | None = None) -> RunConfig:
     """Read a run file: check every key, resolve relative paths and import ``module:attr`` refs.
 
     Relative dataset, model and ``config_path`` paths are taken against the
@@ -153,7 +156,7 @@ def load_run(path: str | os.PathLike[str], *, registry: Any = None) -> RunConfig
     return run
 
 
-def _check_refs(run: RunConfig, where: str, registry: Any) -> None:
+def _check_refs(run: RunConfig, where: str, registry: Registry | None) -> None:
     """Resolve every component and check its settings (types included); nothing is built."""
     from .components import plan_component
 
