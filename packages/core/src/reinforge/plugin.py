@@ -33,6 +33,8 @@ What is here:
   run's workflow and judges outside ``reinforge tune`` (another engine's workers, a gateway).
 - :func:`eval_dataset`, :func:`accuracy_of`, :func:`dimension_means`: what ``reinforge eval``
   reads and reports, for packages that score a policy on a run's eval set themselves.
+- :mod:`metric_names <reinforge.metric_names>`: the step metrics' names, for backends that write them
+  and observers that read them (``from reinforge.plugin import metric_names as mn``; ``mn.REWARD_MEAN``).
 - :class:`ConfigurationError`: a component's permanent error (the run stops).
 - :class:`ApiError`, :func:`check_bearer`, :func:`bearer_matches`, :class:`CountResponses`: what the
   family's OpenAI-compatible servers share (``reinforge serve``, the online gateway): OpenAI-style
@@ -48,6 +50,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import metric_names
 from .hookspecs import hookimpl, hookspec
 
 if TYPE_CHECKING:  # the names below load on first use: a plugin module that imports hookimpl stays cheap
@@ -210,6 +213,7 @@ __all__ = [
     "in_range",
     "load_run",
     "load_settings",
+    "metric_names",
     "one_of",
     "plan_component",
     "plugin_distribution",
