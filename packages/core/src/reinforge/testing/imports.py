@@ -25,6 +25,8 @@ Use them in a package's tests (this is core's ``tests/test_import_cycles.py``)::
         assert import_each_alone("reinforge_backend_local") == {}
 
 Neither imports pytest; both are plain functions returning what they found.
+Imports made through :func:`importlib.import_module` (lazy export tables such as
+``reinforge.plugin``'s, which run on first attribute access) are not edges of the graph.
 """
 
 from __future__ import annotations
@@ -204,33 +206,38 @@ def import_each_alone(
     skip: Iterable[str] = (),
     python: str = sys.executable,
     timeout: float = 120.0,
+    jobs: int | None = None,
 ) -> dict[str, str]:
     """Import every module of ``package_name`` in its own fresh interpreter; ``{module: error}`` for each failure.
 
     ``__main__`` modules are skipped (importing one runs the program), and so are
     the dotted names in ``skip`` (modules that need an extra the environment
     lacks). The error is the last line of the child's stderr (the exception).
-    The child inherits this process's environment, ``PYTHONPATH`` included.
+    The children inherit this process's environment, ``PYTHONPATH`` included;
+    ``jobs`` of them run at a time (default: the CPU count), which matters for a
+    package whose modules each import torch.
     """
     import importlib.util
+    from concurrent.futures import ThreadPoolExecutor
 
     spec = importlib.util.find_spec(package_name)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(f"{package_name!r} is not an importable package")
     package_dir = next(iter(spec.submodule_search_locations))
     skipped = set(skip)
-    failures: dict[str, str] = {}
-    for module in modules_of(package_dir, package_name):
-        if module in skipped or module.rsplit(".", 1)[-1] == "__main__":
-            continue
+    modules = [
+        m for m in modules_of(package_dir, package_name) if m not in skipped and m.rsplit(".", 1)[-1] != "__main__"
+    ]
+
+    def attempt(module: str) -> str | None:
         done = subprocess.run(
-            [python, "-c", f"import {module}"],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+            [python, "-c", f"import {module}"], capture_output=True, text=True, timeout=timeout, check=False
         )
-        if done.returncode != 0:
-            lines = done.stderr.strip().splitlines()
-            failures[module] = lines[-1] if lines else f"exit status {done.returncode}"
-    return failures
+        if done.returncode == 0:
+            return None
+        lines = done.stderr.strip().splitlines()
+        return lines[-1] if lines else f"exit status {done.returncode}"
+
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        results = list(pool.map(attempt, modules))
+    return {m: error for m, error in zip(modules, results) if error is not None}
