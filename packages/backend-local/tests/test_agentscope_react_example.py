@@ -22,8 +22,8 @@ pytest.importorskip("agentscope", reason="needs reinforge[agentscope]; `nox -s a
 from agentscope.message import Msg, TextBlock  # noqa: E402
 from agentscope.model import ChatModelBase, ChatResponse  # noqa: E402
 
-from reinforge.config import ModelConfig, load_run  # noqa: E402
 from reinforge.job import build_job  # noqa: E402
+from reinforge.plugin import ModelConfig, load_run  # noqa: E402
 from reinforge_backend_local.session import Policy  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "react-agentscope"

@@ -131,7 +131,7 @@ def test_resume_after_a_kill_between_steps_reproduces_the_next_step(model_folder
     import sys
     import time
 
-    from reinforge.config import load_run
+    from reinforge.plugin import load_run
 
     (tmp_path / "flow.py").write_text(
         "from reinforge import JudgeOutput, WorkflowOutput\n"

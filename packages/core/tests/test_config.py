@@ -22,14 +22,11 @@ from reinforge.config import (
     ScoreConfig,
     TunerModelConfig,
     as_component,
-    build_run,
-    dump_run,
     from_dict,
-    load_run,
-    to_dict,
 )
 from reinforge.errors import ConfigError, ResolveError, SignatureError
 from reinforge.plugin import Backend, Settings, at_least
+from reinforge.runfile import build_run, dump_run, load_run, to_dict
 
 ROWS = [{"question": "What is 2 + 2?", "answer": "4"}, {"question": "What is 4 + 4?", "answer": "8"}]
 TEST_ROWS = [{"question": "What is 1 + 1?", "answer": "2"}]
@@ -184,7 +181,7 @@ def test_dataset_hub_id_is_passed_as_is(monkeypatch: pytest.MonkeyPatch) -> None
         return datasets.Dataset.from_list(ROWS)
 
     monkeypatch.setattr(datasets, "load_dataset", fake)
-    monkeypatch.setattr("reinforge.config._hub_unreachable", lambda: None)  # no network needed: the call is faked
+    monkeypatch.setattr("reinforge.dataset_io._hub_unreachable", lambda: None)  # no network needed: the call is faked
     assert DatasetConfig(path="openai/gsm8k", name="main", split="test").rows() == ROWS
     assert seen == [("openai/gsm8k", "main", "test")]
 

@@ -12,11 +12,12 @@ import pytest
 
 from reinforge import hookimpl
 from reinforge.cli import main
-from reinforge.config import DatasetConfig, load_run
+from reinforge.config import DatasetConfig
 from reinforge.errors import ConfigError
 from reinforge.evaluation import evaluate
 from reinforge.plugin import Backend
 from reinforge.plugins import get_plugin_manager
+from reinforge.runfile import load_run
 from reinforge.testing.openai_server import OpenAIServer
 
 WORKFLOWS = """
@@ -371,7 +372,7 @@ def test_hub_id_offline_asks_the_cache_once_with_no_retries(monkeypatch: pytest.
         raise ConnectionError(f"Couldn't reach {path!r} on the Hub (OfflineModeIsEnabled)")
 
     monkeypatch.setattr(datasets, "load_dataset", fake)
-    monkeypatch.setattr("reinforge.config._hub_unreachable", _no_load)  # offline: no connection is tried
+    monkeypatch.setattr("reinforge.dataset_io._hub_unreachable", _no_load)  # offline: no connection is tried
     with pytest.raises(ConfigError, match="offline: only the local cache was searched"):
         DatasetConfig(path="someorg/nosuch-dataset").load()
     assert len(calls) == 1 and calls[0].max_retries == 0

@@ -216,9 +216,9 @@ def test_react_calculator_readme_commands_parse(monkeypatch: pytest.MonkeyPatch)
 
     commands = [c for c in readme_commands(REACT_README) if c[0] == "reinforge"]
     assert {c[1] for c in commands} >= {"eval", "tune", "try"}
-    from reinforge.config import load_run
     from reinforge.plugin import plan_component
     from reinforge.plugins import build_registry, get_plugin_manager
+    from reinforge.runfile import load_run
 
     registry = build_registry(get_plugin_manager())
     has_react = "react" in registry.names("workflows")  # reinforge-rollouts-react installed

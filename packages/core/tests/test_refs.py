@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from reinforge.components import build_component as resolve_component
-from reinforge.config import ComponentSpec, load_run
+from reinforge.config import ComponentSpec
 from reinforge.errors import ResolveError, SignatureError
 from reinforge.plugins import Component, Registry
-from reinforge.refs import resolve
+from reinforge.refs import resolve, resolve_ref
+from reinforge.runfile import load_run
 
 
 def write_module(directory: Path, source: str) -> str:
@@ -56,18 +57,18 @@ def test_callable_passes_through() -> None:
     def fn(task, response):
         return 1.0
 
-    assert resolve(fn, "judges") is fn
+    assert resolve(fn, "judges", None) is fn
 
 
 def test_module_attr_and_dotted_attr(module: str) -> None:
-    judge = resolve(f"{module}:judge", "judges")
+    judge = resolve(f"{module}:judge", "judges", None)
     assert judge.__name__ == "judge" and judge.__module__ == module
-    assert resolve(f"{module}:Judges.Inner.exact", "judge")(None, None) == 1.0
+    assert resolve(f"{module}:Judges.Inner.exact", "judge", None)(None, None) == 1.0
 
 
 def test_module_that_does_not_exist() -> None:
     with pytest.raises(ResolveError) as info:
-        resolve("no_such_module_abc:judge", "judges", where="run.yaml: judges[0]")
+        resolve("no_such_module_abc:judge", "judges", None, where="run.yaml: judges[0]")
     msg = str(info.value)
     assert msg.startswith("run.yaml: judges[0]: ")
     assert "'no_such_module_abc'" in msg and "'no_such_module_abc:judge'" in msg
@@ -77,29 +78,29 @@ def test_module_whose_import_fails_reports_original_error(tmp_path: Path, monkey
     monkeypatch.syspath_prepend(str(tmp_path))
     broken = write_module(tmp_path, "import a_dependency_that_is_not_installed\n")
     with pytest.raises(ResolveError) as info:
-        resolve(f"{broken}:judge", "judges")
+        resolve(f"{broken}:judge", "judges", None)
     msg = str(info.value)
     assert repr(broken) in msg and "a_dependency_that_is_not_installed" in msg and "ModuleNotFoundError" in msg
 
     raising = write_module(tmp_path, "raise RuntimeError('boom at import')\n")
     with pytest.raises(ResolveError, match=rf"'{raising}'.*RuntimeError: boom at import"):
-        resolve(f"{raising}:judge", "judges")
+        resolve(f"{raising}:judge", "judges", None)
 
 
 def test_missing_attribute_names_module_and_attr(module: str) -> None:
     with pytest.raises(ResolveError) as info:
-        resolve(f"{module}:jduge", "judges")
+        resolve(f"{module}:jduge", "judges", None)
     msg = str(info.value)
     assert repr(module) in msg and "'jduge'" in msg and "did you mean 'judge'" in msg
 
     with pytest.raises(ResolveError, match=r"Judges\.Inner' has no attribute 'exakt' \(did you mean 'exact'\?\)"):
-        resolve(f"{module}:Judges.Inner.exakt", "judges")
+        resolve(f"{module}:Judges.Inner.exakt", "judges", None)
 
 
 @pytest.mark.parametrize("ref", ["mod:", ":attr", "", 42])
 def test_malformed_references(ref: object) -> None:
     with pytest.raises(ResolveError):
-        resolve(ref, "judges")
+        resolve(ref, "judges", None)
 
 
 def test_registered_name() -> None:
@@ -134,9 +135,9 @@ def test_unknown_kind() -> None:
 def test_base_dir_is_on_sys_path_only_while_importing(tmp_path: Path) -> None:
     name = write_module(tmp_path, FUNCS)
     with pytest.raises(ResolveError):
-        resolve(f"{name}:judge", "judges")
+        resolve(f"{name}:judge", "judges", None)
     before = list(sys.path)
-    assert resolve(f"{name}:judge", "judges", base_dir=str(tmp_path)).__name__ == "judge"
+    assert resolve(f"{name}:judge", "judges", None, base_dir=str(tmp_path)).__name__ == "judge"
     assert sys.path == before
 
 
@@ -222,9 +223,9 @@ def test_two_run_folders_each_get_their_own_same_named_module(tmp_path: Path) ->
         (tmp_path / folder).mkdir()
         (tmp_path / folder / f"{name}.py").write_text(body)
     try:
-        first = resolve(f"{name}:only_in_a", "judges", base_dir=str(tmp_path / "a"))
-        second = resolve(f"{name}:only_in_b", "judges", base_dir=str(tmp_path / "b"))  # not a's module again
-        again = resolve(f"{name}:only_in_a", "judges", base_dir=str(tmp_path / "a"))
+        first = resolve(f"{name}:only_in_a", "judges", None, base_dir=str(tmp_path / "a"))
+        second = resolve(f"{name}:only_in_b", "judges", None, base_dir=str(tmp_path / "b"))  # not a's module again
+        again = resolve(f"{name}:only_in_a", "judges", None, base_dir=str(tmp_path / "a"))
         assert first.__name__ == again.__name__ == "only_in_a" and second.__name__ == "only_in_b"
         assert Path(sys.modules[name].__file__).parent == tmp_path / "a"
     finally:
@@ -233,5 +234,13 @@ def test_two_run_folders_each_get_their_own_same_named_module(tmp_path: Path) ->
 
 def test_a_run_folder_file_never_replaces_a_module_imported_otherwise(tmp_path: Path) -> None:
     (tmp_path / "textwrap.py").write_text("def dedent(text):\n    return 'shadowed'\n")
-    assert resolve("textwrap:dedent", "judges", base_dir=str(tmp_path)) is textwrap.dedent
+    assert resolve("textwrap:dedent", "judges", None, base_dir=str(tmp_path)) is textwrap.dedent
     assert sys.modules["textwrap"] is textwrap
+
+
+def test_a_registered_name_needs_the_runs_registry_and_never_the_installed_plugins() -> None:
+    # before 0.4 a None registry quietly built a plugin manager of every installed plugin
+    with pytest.raises(TypeError, match=r"run.yaml: judges\[0\]: judge 'json_valid' is a registered name.*registry"):
+        resolve_ref("json_valid", "judges", None, where="run.yaml: judges[0]")
+    with pytest.raises(TypeError, match="registry"):
+        resolve_ref("json_valid", "judges")  # type: ignore[call-arg]  # the registry is a required argument

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from reinforge import hookimpl
-from reinforge.config import ComponentSpec, RunConfig, load_run
 from reinforge.job import build_job
+from reinforge.plugin import ComponentSpec, RunConfig, load_run
 from reinforge.plugins import get_plugin_manager
 from reinforge_rollouts_react import tool
 

@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from reinforge.cli import main
-from reinforge.config import load_run
 from reinforge.errors import ConfigError
 from reinforge.job import build_job
+from reinforge.plugin import load_run
 from reinforge.plugins import build_registry, get_plugin_manager
 from reinforge.testing.openai_server import OpenAIServer
 from reinforge_rollouts_react import ReactSettings, ReactWorkflow, calculator

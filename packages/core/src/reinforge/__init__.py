@@ -26,7 +26,7 @@ _LAZY = {
     "ScoreConfig": "reinforge.config",
     "EvalConfig": "reinforge.config",
     "RunConfig": "reinforge.config",
-    "load_run": "reinforge.config",
+    "load_run": "reinforge.runfile",
     "reward_func": "reinforge.rewards",
     "sub_reward_func": "reinforge.rewards",
     "aggregate_func": "reinforge.rewards",

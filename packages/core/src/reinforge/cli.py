@@ -161,8 +161,8 @@ def _dataset_rows(run: Any) -> dict[str, Any]:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .config import load_run
     from .job import build_job
+    from .runfile import load_run
     from .tuning import run_job
 
     run = load_run(args.run_file)
@@ -192,8 +192,8 @@ def _fmt(value: float | None) -> str:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .config import load_run
     from .evaluation import evaluate
+    from .runfile import load_run
 
     run = load_run(args.run_file)
     report = evaluate(run, split=args.split, limit=args.limit, api_base=args.api_base, model_name=args.model_name)

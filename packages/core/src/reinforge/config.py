@@ -1,27 +1,23 @@
-"""Run configuration: dataclasses, the YAML loader and their checks.
+"""Run configuration: the dataclasses of a run file and their checks, and nothing else.
 
 The same run can be written in Python (``tune(...)``) or YAML
-(``reinforge tune run.yaml``); both go through the same checks, so a typo or a
-wrong type fails before any model loads, naming the key (and the file).
-``datasets`` and ``pyyaml`` are optional extras and are imported only on use.
+(``reinforge tune run.yaml``); both build these classes, so a typo or a wrong
+type fails before any model loads, naming the key (and the file). This module
+is a leaf: it imports only :mod:`reinforge.errors` and :mod:`reinforge.settings`.
+Reading a dataset is :mod:`reinforge.dataset_io`'s job (``DatasetConfig.load()``
+calls it on use); reading, checking and writing a run file is :mod:`reinforge.runfile`'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import json
 import os
-import re
-import typing
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .errors import ConfigError, require
-from .settings import FieldError, Settings, _convert, at_least, finite, load, one_of, settings_keys, suggest
+from .errors import ConfigError
+from .settings import FieldError, Settings, at_least, convert, finite, load, one_of
 
 __all__ = [
     "MODEL_INTERFACES",
@@ -36,11 +32,7 @@ __all__ = [
     "ScoreConfig",
     "TunerModelConfig",
     "as_component",
-    "build_run",
-    "dump_run",
     "from_dict",
-    "load_run",
-    "to_dict",
 ]
 
 # What a workflow's ``model`` is: a reinforge ChatModel, or an AgentScope model (reinforge[agentscope]).
@@ -61,161 +53,13 @@ def from_dict(cls: type, data: Any, *, where: str = "run.yaml", key_prefix: str 
 
 def as_component(obj: Any, *, where: str = "") -> ComponentSpec:
     """A :class:`ComponentSpec` from a callable, a reference string, a mapping or a spec."""
-    try:
-        return _convert(obj, ComponentSpec, "")
-    except FieldError as exc:
-        raise ConfigError(f"{where}: {exc.render()}" if where else exc.render()) from None
-
-
-def build_run(data: dict[str, Any], *, options: dict[str, Any] | None = None, where: str = "tune()") -> RunConfig:
-    """A :class:`RunConfig` from keyword-style data (config objects or mappings) plus extra run-file keys.
-
-    A key given both in ``data`` (not None) and in ``options`` is an error, not a silent override.
-    """
-    merged = dict(data)
-    for key, value in (options or {}).items():
-        if merged.get(key) is not None:
-            raise ConfigError(f"{where}: {key!r} is given twice")
-        merged[key] = value
-    return from_dict(RunConfig, merged, where=where)
-
-
-def to_dict(obj: Any, *, redact: bool = True) -> Any:
-    """Plain data for YAML/JSON, the inverse of :func:`from_dict`.
-
-    Loader-only fields are left out; API keys are dropped when ``redact`` so a
-    run directory never holds a secret. Callables become ``module:qualname``.
-    """
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        out = {}
-        for name in settings_keys(type(obj)):
-            if redact and name == "api_key":
-                continue
-            out[name] = to_dict(getattr(obj, name), redact=redact)
-        if getattr(type(obj), "_open_keys", False):  # a backend's keys sit beside the fields
-            out.update(to_dict(getattr(obj, "options", {}), redact=redact))
-        return out
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(v, redact=redact) for v in obj]
-    if isinstance(obj, dict):
-        return {k: to_dict(v, redact=redact) for k, v in obj.items()}
-    if callable(obj):
-        from .signatures import describe
-
-        return describe(obj)
-    return obj
+    spec: ComponentSpec = convert(obj, ComponentSpec, where=where, key="")
+    return spec
 
 
 # --------------------------------------------------------------------------- datasets
 
-_DATA_BUILDERS = {
-    ".json": "json",
-    ".jsonl": "json",
-    ".csv": "csv",
-    ".tsv": "csv",
-    ".parquet": "parquet",
-    ".arrow": "arrow",
-    ".txt": "text",
-}
 DEFAULT_SPLIT = "train"  # what a dataset with no ``split`` reads (a single file is read whole under this name)
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*$")
-_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
-
-
-def _looks_local(path: str) -> bool:
-    """True for paths no Hub id could be: explicit dirs, data-file suffixes, deep paths."""
-    return (
-        os.path.isabs(path)
-        or path in (".", "..")
-        or path.startswith(("./", "../", "~", ".\\", "..\\"))
-        or "\\" in path
-        or path.count("/") >= 2
-        or Path(path).suffix.lower() in _DATA_BUILDERS
-    )
-
-
-def _hub_id_like(path: str) -> bool:
-    """True for ``org/name``, the only form under which a path that is not on disk is looked up on the Hub."""
-    return bool(_HUB_ID.match(path)) and not _looks_local(path)
-
-
-def _offline() -> bool:
-    """``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` is set: the Hub is not asked, only the local cache."""
-    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in _OFFLINE_VARS)
-
-
-def _hub_unreachable(timeout: float = 3.0) -> str | None:
-    """Why the Hub cannot be reached (one TCP connect, no retries), or None when it can (or a proxy is set)."""
-    import socket
-    from urllib.parse import urlsplit
-
-    if any(os.environ.get(v) for v in _PROXY_VARS):
-        return None  # the proxy decides; datasets is then asked with no retries
-    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    host = endpoint.hostname or "huggingface.co"
-    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-    except OSError as exc:
-        return f"{host}:{port}: {exc.strerror or exc}"
-    return None
-
-
-def _innermost(exc: BaseException) -> str:
-    """``Type: message`` of the deepest cause, first line only (datasets wraps the real error)."""
-    seen: set[int] = set()
-    while id(exc) not in seen:
-        seen.add(id(exc))
-        nxt = exc.__cause__ or exc.__context__
-        if nxt is None:
-            break
-        exc = nxt
-    text = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-_JSON_TYPES = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number"}
-
-
-def _find_bad_json(path: Path) -> str | None:
-    """The first line of a JSON (lines) file that ``datasets`` cannot read, as ``file:line: what``; None if none.
-
-    Invalid JSON, or a row that is not an object.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        return f"{path}: cannot read it: {exc}"
-    lines = text.splitlines()
-    first = next((s for s in lines if s.strip()), "")
-    rows: list[tuple[int, Any]] = []
-    try:
-        json.loads(first)
-        line_mode = True
-    except json.JSONDecodeError:
-        line_mode = path.suffix.lower() == ".jsonl"
-    if not line_mode:  # one JSON document: a list of rows, or an object holding one
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            return f"{path}:{exc.lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
-        if isinstance(doc, dict):
-            doc = next((v for v in doc.values() if isinstance(v, list)), [])
-        rows = [(0, item) for item in doc] if isinstance(doc, list) else []
-    else:
-        for lineno, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((lineno, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                return f"{path}:{lineno}: invalid JSON: {exc.msg} (column {exc.colno})"
-    for index, (lineno, row) in enumerate(rows):
-        if not isinstance(row, dict):
-            at = f"{path}:{lineno}" if lineno else f"{path}: row {index}"
-            return f"{at}: expected a JSON object, got {_JSON_TYPES.get(type(row), type(row).__name__)}"
-    return None
 
 
 @dataclass
@@ -265,139 +109,34 @@ class DatasetConfig(Settings):
             return f"{self.path} (the whole file)"
         return f"split {self.split_name!r} of {self.path}"
 
-    def _origin(self, key: str, where: str = "") -> None:
-        """Remember where this config came from, for error messages."""
+    def set_origin(self, key: str, where: str = "") -> None:
+        """Remember where this config came from (its run-file key and file), for error messages."""
         self._key, self._where = key, where
 
-    def _error(self, field_name: str, detail: str) -> ConfigError:
+    def field_error(self, field_name: str, detail: str) -> ConfigError:
+        """A :class:`ConfigError` about one of this dataset's keys, naming the key and the run file."""
         loc = f" ({self._where})" if self._where else ""
         return ConfigError(f"{self._key}.{field_name}: {detail}{loc}")
 
+    # Reading is done by reinforge.dataset_io (imported on use: this module does no I/O).
+
     def load(self) -> Any:
         """The split as a ``datasets.Dataset`` (limit and shuffle applied)."""
-        datasets = require("datasets", "datasets")
-        local = Path(self.path).expanduser()
-        if local.exists():
-            ds = self._load_local(datasets, local)
-        elif _looks_local(self.path):
-            raise self._error("path", f"{self.path!r} does not exist (looked for {local.absolute()})")
-        elif not _hub_id_like(self.path):
-            raise self._error(
-                "path",
-                f"{self.path!r} does not exist (looked for {local.absolute()}) and is not a Hugging Face Hub "
-                "dataset id, which reads 'org/name'",
-            )
-        else:
-            ds = self._load_hub(datasets)
-        if self.limit is not None:
-            ds = ds.select(range(min(self.limit, len(ds))))
-        if self.shuffle:
-            ds = ds.shuffle(seed=self.seed)
-        return ds
+        from .dataset_io import load_dataset
 
-    def _load_local(self, datasets: Any, local: Path) -> Any:
-        if local.is_dir() and ((local / "dataset_dict.json").exists() or (local / "state.json").exists()):
-            saved = datasets.load_from_disk(str(local))  # written by Dataset(Dict).save_to_disk
-            return self._pick(saved, list(saved)) if isinstance(saved, datasets.DatasetDict) else saved
-        if local.is_dir():
-            return self._readable(
-                local,
-                lambda: self._split_or_error(
-                    lambda split: datasets.load_dataset(str(local), self.name, split=split),
-                    lambda: list(datasets.load_dataset(str(local), self.name)),
-                ),
-            )
-        suffix = local.suffix.lower()
-        builder = _DATA_BUILDERS.get(suffix)
-        if builder is None:
-            known = ", ".join(sorted(_DATA_BUILDERS))
-            raise self._error("path", f"cannot tell the format of {self.path!r}; use a file ending in {known}")
-        kwargs = {"delimiter": "\t"} if suffix == ".tsv" else {}
-        # a single file is the requested split, whatever its name (train.jsonl as split "test" is fine)
-        split = self.split_name
-        return self._readable(
-            local, lambda: datasets.load_dataset(builder, data_files={split: str(local)}, split=split, **kwargs)
-        )
-
-    def _readable(self, local: Path, load: Callable[[], Any]) -> Any:
-        """``load()``; a file ``datasets`` cannot parse is a ConfigError naming the file and the line."""
-        import logging
-
-        from .errors import ReinforgeError
-
-        quiet = logging.getLogger("datasets.packaged_modules")  # it logs the parser's traceback; we explain it
-        level = quiet.level
-        quiet.setLevel(logging.CRITICAL)
-        try:
-            return load()
-        except ReinforgeError:
-            raise
-        except Exception as exc:
-            if local.is_dir():
-                files = sorted(p for p in local.rglob("*") if p.suffix.lower() in (".json", ".jsonl"))
-            else:
-                files = [local] if local.suffix.lower() in (".json", ".jsonl") else []
-            for file in files:
-                problem = _find_bad_json(file)
-                if problem is not None:
-                    raise self._error("path", problem) from exc
-            if isinstance(exc, ValueError) and "split" in str(exc).lower():
-                raise
-            raise self._error("path", f"{local}: datasets cannot read it: {_innermost(exc)}") from exc
-        finally:
-            quiet.setLevel(level)
-
-    def _load_hub(self, datasets: Any) -> Any:
-        not_local = f"{self.path!r} is not a local path (looked in {Path.cwd()})"
-        if not _offline():
-            problem = _hub_unreachable()
-            if problem is not None:
-                raise self._error(
-                    "path",
-                    f"{not_local} and the Hugging Face Hub cannot be reached ({problem}); "
-                    "if the dataset is in your local cache, set HF_HUB_OFFLINE=1",
-                )
-        config = datasets.DownloadConfig(max_retries=0)
-        try:
-            return self._split_or_error(
-                lambda split: datasets.load_dataset(self.path, self.name, split=split, download_config=config),
-                lambda: datasets.get_dataset_split_names(self.path, self.name, download_config=config),
-            )
-        except (FileNotFoundError, ConnectionError, datasets.exceptions.DatasetNotFoundError) as exc:
-            offline = " (offline: only the local cache was searched)" if _offline() else ""
-            raise self._error(
-                "path",
-                f"{not_local} and could not be loaded from the Hugging Face Hub{offline}: {exc}",
-            ) from exc
-
-    def _split_or_error(self, load: Callable[[str], Any], split_names: Callable[[], list[str]]) -> Any:
-        try:
-            return load(self.split_name)
-        except ValueError as exc:
-            if "split" not in str(exc).lower():
-                raise
-            names = split_names()
-        return self._pick({}, names)
-
-    def _pick(self, splits: Any, available: list[str]) -> Any:
-        if self.split_name in splits:
-            return splits[self.split_name]
-        raise self._error(
-            "split",
-            f"{self.split_name!r} is not a split of {self.path!r}; available: {', '.join(available)}"
-            f"{suggest(self.split_name, available)}",
-        )
+        return load_dataset(self)
 
     def rows(self) -> list[dict[str, Any]]:
         """Every task as a plain dict, after limit and shuffle."""
-        return [dict(row) for row in self.load()]
+        from .dataset_io import dataset_rows
+
+        return dataset_rows(self)
 
     def preview(self, n: int = 5) -> list[dict[str, Any]]:
         """Print the first ``n`` tasks as indented JSON and return them, to check loading."""
-        ds = self.load()
-        rows = [dict(ds[i]) for i in range(min(n, len(ds)))]
-        print(json.dumps(rows, indent=2, ensure_ascii=False, default=str))
-        return rows
+        from .dataset_io import preview_dataset
+
+        return preview_dataset(self, n)
 
 
 # --------------------------------------------------------------------------- models and algorithm
@@ -665,7 +404,7 @@ class EvalConfig(Settings):
 
 @dataclass(kw_only=True)
 class RunConfig(Settings):
-    """A whole run, as written in ``run.yaml``; ``source`` and ``base_dir`` are set by :func:`load_run`."""
+    """A whole run, as written in ``run.yaml``; ``source`` and ``base_dir`` are set by ``runfile.load_run``."""
 
     project_name: str = "reinforge"
     experiment_name: str = "run"
@@ -730,117 +469,8 @@ class RunConfig(Settings):
         for key in ("train_dataset", "eval_dataset"):
             ds = getattr(self, key)
             if ds is not None:
-                ds._origin(key, self.source or "")
+                ds.set_origin(key, self.source or "")
 
     def where(self, key: str) -> str:
         """``"run.yaml: key"`` for error messages about this run."""
         return f"{self.source}: {key}" if self.source else key
-
-
-# --------------------------------------------------------------------------- YAML
-
-
-@functools.cache
-def _yaml_loader() -> type:
-    """A SafeLoader that reads ``1e-6`` as a float (YAML 1.2) and rejects duplicate keys."""
-    yaml = require("yaml", "yaml")
-
-    class Loader(yaml.SafeLoader):  # type: ignore[name-defined]
-        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
-            seen: set[Any] = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if isinstance(key, typing.Hashable) and key in seen:
-                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", key_node.start_mark)
-                seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    float_re = re.compile(
-        r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+|\.[0-9_]+(?:[eE][-+]?[0-9]+)?)$"
-    )
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", float_re, list("-+0123456789."))
-    return Loader
-
-
-def _read_yaml(path: Path) -> Any:
-    yaml = require("yaml", "yaml")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read run file: {exc.strerror or exc}") from exc
-    try:
-        return yaml.load(text, Loader=_yaml_loader())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
-        problem = getattr(exc, "problem", None) or str(exc)
-        context = getattr(exc, "context", None)
-        raise ConfigError(f"{loc}: invalid YAML: {problem}" + (f" ({context})" if context else "")) from None
-
-
-def _local_path(raw: str, base: Path) -> Path | None:
-    """``raw`` as an absolute path when it is one, or names something next to the run file."""
-    expanded = Path(raw).expanduser()
-    if expanded.is_absolute():
-        return expanded
-    candidate = base / expanded
-    return candidate if candidate.exists() or _looks_local(raw) else None
-
-
-def load_run(path: str | os.PathLike[str], *, registry: Any = None) -> RunConfig:
-    """Read a run file: check every key, resolve relative paths and import ``module:attr`` refs.
-
-    Relative dataset, model and ``config_path`` paths are taken against the
-    run file's directory, which is also on ``sys.path`` while refs import.
-    Registered names are checked too when a ``registry`` is given.
-    """
-    file = Path(path)
-    where = str(path)
-    data = _read_yaml(file)
-    if data is None:
-        raise ConfigError(f"{where}: the run file is empty; it needs at least a workflow")
-    run: RunConfig = from_dict(RunConfig, data, where=where)
-    base = file.resolve().parent
-    run.source, run.base_dir = str(file.resolve()), str(base)
-    for key in ("train_dataset", "eval_dataset"):
-        ds: DatasetConfig | None = getattr(run, key)
-        if ds is None:
-            continue
-        ds._origin(key, where)
-        local = _local_path(ds.path, base)
-        if local is not None:
-            if not local.exists():
-                raise ConfigError(f"{where}: {key}.path: {ds.path!r} does not exist (looked for {local})")
-            ds.path = str(local)
-    models = {"model": run.model, **{f"auxiliary_models.{k}": m for k, m in run.auxiliary_models.items()}}
-    for model in models.values():
-        if model is not None and (local := _local_path(model.model_path, base)) is not None and local.exists():
-            model.model_path = str(local)
-        if model is not None and model.api_key is not None:
-            warnings.warn(f"{where}: an API key is written in the run file; use api_key_env instead", stacklevel=2)
-    if run.config_path is not None:
-        local = _local_path(run.config_path, base)
-        if local is None or not local.exists():
-            raise ConfigError(f"{where}: config_path: {run.config_path!r} does not exist")
-        run.config_path = str(local)
-    _check_refs(run, where, registry)
-    return run
-
-
-def _check_refs(run: RunConfig, where: str, registry: Any) -> None:
-    """Resolve every component and check its settings (types included); nothing is built."""
-    from .components import plan_component
-
-    specs = [("workflow", "workflow", run.workflow)]
-    specs += [(f"judges[{i}]", "judge", s) for i, s in enumerate(run.judges)]
-    if run.group_reward is not None:
-        specs.append(("group_reward", "group_reward", run.group_reward))
-    for key, role, spec in specs:
-        if registry is not None or not isinstance(spec.ref, str) or ":" in spec.ref:
-            plan_component(spec, role, registry, where=f"{where}: {key}", base_dir=run.base_dir)
-
-
-def dump_run(run: RunConfig, path: str | os.PathLike[str]) -> None:
-    """Write ``run`` as YAML that :func:`load_run` reads back (API keys left out)."""
-    yaml = require("yaml", "yaml")
-    Path(path).write_text(yaml.safe_dump(to_dict(run), sort_keys=False, allow_unicode=True), encoding="utf-8")

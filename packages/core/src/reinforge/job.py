@@ -191,7 +191,7 @@ class TuneJob:
 
     def describe(self) -> dict[str, Any]:
         """The resolved run as plain data (what ``tune --dry-run`` prints by default)."""
-        from .config import to_dict
+        from .runfile import to_dict
 
         return {
             "backend": self.backend.name if self.backend is not None else self.run.backend,

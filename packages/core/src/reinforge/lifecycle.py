@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import metric_names as mn
+
 if TYPE_CHECKING:
     from .config import RunConfig
 
@@ -85,11 +87,11 @@ class RunContext:
     def step_end(self, metrics: dict[str, Any], *, step: int | None = None) -> None:
         """Report one finished training step; observers see it through ``on_step_end(kind="train")``."""
         self.step = self.step + 1 if step is None else step
-        self._emit(metrics, "train")
+        self._emit(metrics, mn.KIND_TRAIN)
 
     def eval_end(self, metrics: dict[str, Any], *, step: int | None = None) -> None:
         """Report one evaluation (step 0 = the base model); ``on_step_end(kind="eval")``."""
-        self._emit(metrics, "eval", self.step if step is None else step)
+        self._emit(metrics, mn.KIND_EVAL, self.step if step is None else step)
 
     def on_close(self, closer: Callable[[], None]) -> None:
         """Run ``closer`` when the run ends, after ``on_run_end`` (last registered, first run)."""

@@ -30,7 +30,9 @@ name                              records      meaning
 ``accuracy/sampled``              eval         held-out accuracy, sampled at the run's temperature
 ================================  ===========  ===================================================
 
-This module imports nothing, so any package can use it without loading core.
+This module imports nothing, so any package can use it without loading core. Plugins import it as
+``from reinforge.plugin import metric_names``; core's writers (``Runner.summarize``, ``RunContext``)
+use the same constants.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ KIND_EVAL = "eval"
 RECORD_FIELDS = (KIND, STEP, TIME)  # not metrics: every reader skips these
 
 # -- rewards
+REWARD = "reward"  # the final reward's dimension name (``eval.accuracy_key``'s default)
 REWARD_MEAN = "reward/mean"
 REWARD_STD = "reward/std"
 REWARD_PREFIX = "reward/"  # reward/<dimension>/mean, reward/<dimension>/std
@@ -51,6 +54,7 @@ MEAN_SUFFIX = "/mean"
 STD_SUFFIX = "/std"
 
 # -- responses
+RESPONSE_LENGTH = "response_length"
 RESPONSE_LENGTH_MEAN = "response_length/mean"
 RESPONSE_LENGTH_STD = "response_length/std"
 TRUNCATED_RATE = "truncated_rate"
@@ -62,6 +66,7 @@ CLIP_FRAC = "clip_frac"
 GRAD_NORM = "grad_norm"
 LOSS = "loss"
 TOKENS_PER_S = "tokens_per_s"
+COUNT_PREFIX = "count/"  # count/<counter>: the runner's counters (rollouts, retries, failed, kept...)
 COUNT_DISCARDED = "count/discarded"
 
 # -- evaluation

@@ -33,6 +33,8 @@ What is here:
   run's workflow and judges outside ``reinforge tune`` (another engine's workers, a gateway).
 - :func:`eval_dataset`, :func:`accuracy_of`, :func:`dimension_means`: what ``reinforge eval``
   reads and reports, for packages that score a policy on a run's eval set themselves.
+- :mod:`metric_names <reinforge.metric_names>`: the step metrics' names, for backends that write them
+  and observers that read them (``from reinforge.plugin import metric_names as mn``; ``mn.REWARD_MEAN``).
 - :class:`ConfigurationError`: a component's permanent error (the run stops).
 - :class:`ApiError`, :func:`check_bearer`, :func:`bearer_matches`, :class:`CountResponses`: what the
   family's OpenAI-compatible servers share (``reinforge serve``, the online gateway): OpenAI-style
@@ -48,13 +50,14 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import metric_names
 from .hookspecs import hookimpl, hookspec
 
 if TYPE_CHECKING:  # the names below load on first use: a plugin module that imports hookimpl stays cheap
     from .agentscope_model import wants_agentscope
     from .backend import Backend, NoSettings
     from .components import ComponentContext, ComponentPlan, build_component, plan_component
-    from .config import AlgorithmConfig, ComponentSpec, DatasetConfig, ModelConfig, RunConfig, load_run, to_dict
+    from .config import AlgorithmConfig, ComponentSpec, DatasetConfig, ModelConfig, RunConfig
     from .errors import (
         ConfigError,
         ConfigurationError,
@@ -74,6 +77,7 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin module that imp
     from .refs import resolve_ref
     from .registry import KINDS, Component, Kind, Registry
     from .rewards import RewardComposer
+    from .runfile import load_run, to_dict
     from .runner import BatchResult, Runner
     from .serving import ApiError, CountResponses, bearer, bearer_matches, check_bearer
     from .settings import FieldError, Settings, at_least, finite, in_range, one_of, suggest
@@ -92,8 +96,8 @@ _LAZY = {
     "DatasetConfig": ("config", "DatasetConfig"),
     "ModelConfig": ("config", "ModelConfig"),
     "RunConfig": ("config", "RunConfig"),
-    "load_run": ("config", "load_run"),
-    "to_dict": ("config", "to_dict"),
+    "load_run": ("runfile", "load_run"),
+    "to_dict": ("runfile", "to_dict"),
     "ConfigError": ("errors", "ConfigError"),
     "ConfigurationError": ("errors", "ConfigurationError"),
     "MissingExtraError": ("errors", "MissingExtraError"),
@@ -209,6 +213,7 @@ __all__ = [
     "in_range",
     "load_run",
     "load_settings",
+    "metric_names",
     "one_of",
     "plan_component",
     "plugin_distribution",

@@ -32,7 +32,7 @@ def _hint(word: str, options: list[str]) -> str:
 
 
 def resolve_entry(
-    ref: Any, kind: str | Kind, registry: Registry | None = None, *, where: str = "", base_dir: str | None = None
+    ref: Any, kind: str | Kind, registry: Registry | None, *, where: str = "", base_dir: str | None = None
 ) -> tuple[Any, Component | None]:
     """``(object, its registry entry or None)`` for ``ref``; see :func:`resolve_ref`."""
     k = registry._kind(kind) if registry is not None and not isinstance(kind, Kind) else kind_named(kind)
@@ -49,7 +49,7 @@ def resolve_entry(
 
 
 def resolve_ref(
-    ref: Any, kind: str | Kind, registry: Registry | None = None, *, where: str = "", base_dir: str | None = None
+    ref: Any, kind: str | Kind, registry: Registry | None, *, where: str = "", base_dir: str | None = None
 ) -> Any:
     """Return the object ``ref`` points to.
 
@@ -57,10 +57,14 @@ def resolve_ref(
         dotted) or a name registered for ``kind``.
     :param kind: ``workflows``, ``judges``, ``group_rewards``, ``backends``
         (singular accepted) or a package's own :class:`~reinforge.registry.Kind`.
-    :param registry: where names are looked up; the installed plugins' when None.
+    :param registry: where names are looked up: the run's registry
+        (``TuneJob.registry``, ``ComponentContext.registry``), so a run sees the
+        plugins it was loaded with and no others. Required; ``None`` says there
+        is none, and then only callables and ``module:attr`` resolve.
     :param where: location for messages, e.g. ``"run.yaml: judges[0]"``.
     :param base_dir: put on ``sys.path`` while importing (the run file's folder).
     :raises ResolveError: naming the reference and what went wrong.
+    :raises TypeError: ``ref`` is a name and ``registry`` is None.
     """
     return resolve_entry(ref, kind, registry, where=where, base_dir=base_dir)[0]
 
@@ -150,10 +154,11 @@ def _note_run_folder_module(module_name: str, base_dir: str) -> None:
 
 
 def _lookup(name: str, kind: Kind, registry: Registry | None, where: str) -> Component:
-    if registry is None:
-        from .plugins import build_registry, get_plugin_manager
-
-        registry = build_registry(get_plugin_manager())
+    if registry is None:  # never the installed plugins behind the caller's back: a run has its own registry
+        raise TypeError(
+            f"{_prefix(where)}{kind.singular} {name!r} is a registered name, but no registry was given to look it "
+            "up in; pass the run's registry (TuneJob.registry, or reinforge.plugins.build_registry(plugin_manager))"
+        )
     try:
         component = registry.get(kind, name)
     except Exception as exc:  # a name two plugins claim

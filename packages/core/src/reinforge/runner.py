@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import metric_names as mn
 from .config import RunnerConfig
 from .errors import ReinforgeError, RewardError, RunnerError, attributed
 from .models import ChatModel, RecordingChatModel
@@ -71,8 +72,8 @@ class BatchResult:
 def _describe_stats(prefix: str, values: list[float], out: dict[str, float]) -> None:
     if not values:
         return
-    out[f"{prefix}/mean"] = statistics.fmean(values)
-    out[f"{prefix}/std"] = statistics.pstdev(values) if len(values) > 1 else 0.0
+    out[f"{prefix}{mn.MEAN_SUFFIX}"] = statistics.fmean(values)
+    out[f"{prefix}{mn.STD_SUFFIX}"] = statistics.pstdev(values) if len(values) > 1 else 0.0
     out[f"{prefix}/min"] = min(values)
     out[f"{prefix}/max"] = max(values)
 
@@ -289,7 +290,7 @@ class Runner:
         """Batch metrics under stable names: reward and every dimension's mean/std/min/max."""
         kept = result.trajectories
         out: dict[str, float] = {}
-        _describe_stats("reward", [t.reward for t in kept if t.reward is not None], out)
+        _describe_stats(mn.REWARD, [t.reward for t in kept if t.reward is not None], out)
         dims = sorted({k for t in kept for k in t.rewards})
         for dim in dims:
             _describe_stats(dim, [t.rewards[dim] for t in kept if dim in t.rewards], out)
@@ -297,14 +298,14 @@ class Runner:
             values = [t.metrics[name] for t in kept if name in t.metrics]
             key = name if name.startswith("boundary/") else f"workflow/{name}"
             out[f"{key}/mean"] = statistics.fmean(values)
-        _describe_stats("response_length", [float(len(response_text(t.response))) for t in kept], out)
+        _describe_stats(mn.RESPONSE_LENGTH, [float(len(response_text(t.response))) for t in kept], out)
         if kept:
-            out["truncated_rate"] = sum(t.truncated for t in kept) / len(kept)
+            out[mn.TRUNCATED_RATE] = sum(t.truncated for t in kept) / len(kept)
             out["calls_per_rollout/mean"] = statistics.fmean(len(t.calls) for t in kept)
             out["rollout_seconds/mean"] = statistics.fmean(t.seconds for t in kept)
             out["judge_seconds/mean"] = statistics.fmean(t.judge_seconds for t in kept)
         for key, value in result.counters.items():
-            out[f"count/{key}"] = float(value)
-        out["count/kept"] = float(len(kept))
+            out[f"{mn.COUNT_PREFIX}{key}"] = float(value)
+        out[f"{mn.COUNT_PREFIX}kept"] = float(len(kept))
         out["batch_seconds"] = result.seconds
         return out

@@ -42,6 +42,7 @@ __all__ = [
     "FieldError",
     "Settings",
     "at_least",
+    "convert",
     "describe_value",
     "finite",
     "in_range",

@@ -71,6 +71,7 @@ def tune(
     """
     from . import config as cfg
     from .job import build_job
+    from .runfile import build_run
 
     if run is None:
         if workflow_func is None:
@@ -95,7 +96,7 @@ def tune(
             data["project_name"] = project_name
         if experiment_name:
             data["experiment_name"] = experiment_name
-        run = cfg.build_run(data, options=run_options, where="tune()")
+        run = build_run(data, options=run_options, where="tune()")
     job = build_job(run, plugin_manager, backend=backend, need_backend=True)
     for name, value in (auxiliary_models or {}).items():
         if not isinstance(value, cfg.ModelConfig):

@@ -37,6 +37,7 @@ from reinforge.plugin import (
     get_plugin_manager,
     plan_component,
 )
+from reinforge.plugin import metric_names as mn
 
 from .config import RewardSettings
 from .store import StoreUnavailable, TraceStore, _dumps
@@ -387,7 +388,7 @@ class RewardCalculator:
             return
         value = clamp_reward(float(reward), self.reward_min, self.reward_max)
         metrics = {k: float(v) for k, v in score.rewards.items() if math.isfinite(float(v))}
-        metrics["reward"] = value
+        metrics[mn.REWARD] = value
         try:
             written = await asyncio.wrap_future(
                 self.store.submit(lambda db: _write_reward(db, trace_id, value, metrics))

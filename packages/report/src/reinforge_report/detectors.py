@@ -39,8 +39,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from reinforge import metric_names as mn
 from reinforge.plugin import ConfigError
+from reinforge.plugin import metric_names as mn
 
 from .metrics import RunMetrics
 

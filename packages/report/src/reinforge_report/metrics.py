@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reinforge import metric_names as mn
 from reinforge.plugin import ConfigError
+from reinforge.plugin import metric_names as mn
 
 __all__ = ["METRICS_FILE", "RunMetrics", "load_metrics", "metrics_file", "metrics_from_records", "read_records"]
 

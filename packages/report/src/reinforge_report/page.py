@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from reinforge import metric_names as mn
+from reinforge.plugin import metric_names as mn
 
 from .detectors import DIVERGENCE, ENTROPY, LENGTH, WARNING_TITLES, HackingWarning, Thresholds
 from .metrics import RunMetrics

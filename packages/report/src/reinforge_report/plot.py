@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from reinforge import metric_names as mn
 from reinforge.plugin import MissingExtraError
+from reinforge.plugin import metric_names as mn
 
 from .detectors import DIVERGENCE, ENTROPY, LENGTH, WARNING_TITLES, HackingWarning, Thresholds, entropy_threshold
 from .metrics import RunMetrics

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from reinforge import metric_names as mn
 from reinforge.plugin import FieldError, Settings, at_least, load_settings, suggest
+from reinforge.plugin import metric_names as mn
 
 from .detectors import HackingWarning, ThresholdError, Thresholds, detect_warnings
 from .metrics import METRICS_FILE, RunMetrics
