@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from reinforge import metric_names as mn
+from reinforge.plugin import metric_names as mn
 
 __all__ = ["off_note"]
 
