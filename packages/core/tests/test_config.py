@@ -25,8 +25,8 @@ from reinforge.config import (
     from_dict,
 )
 from reinforge.errors import ConfigError, ResolveError, SignatureError
-from reinforge.plugin import Backend, Settings, at_least
-from reinforge.runfile import build_run, dump_run, load_run, to_dict
+from reinforge.plugin import Backend, Registry, Settings, at_least
+from reinforge.runfile import build_run, check_sections, dump_run, load_run, to_dict
 
 ROWS = [{"question": "What is 2 + 2?", "answer": "4"}, {"question": "What is 4 + 4?", "answer": "8"}]
 TEST_ROWS = [{"question": "What is 1 + 1?", "answer": "2"}]
@@ -349,8 +349,10 @@ def test_build_run_merges_options_and_names_the_caller() -> None:
         options={"runner": {"max_retries": 0}},
     )
     assert run.runner.max_retries == 0 and run.algorithm.group_size == 4
+    # a key core does not know may be a plugin's section: it is checked against the run's registry
+    typo = build_run({"workflow": "m:w"}, options={"runer": {}})
     with pytest.raises(ConfigError, match=r"tune\(\): unknown key 'runer' \(did you mean 'runner'\?\)"):
-        build_run({"workflow": "m:w"}, options={"runer": {}})
+        check_sections(typo, Registry())
     with pytest.raises(ConfigError, match="given twice"):
         build_run({"workflow": "m:w", "backend": "local"}, options={"backend": "trinity"})
 

@@ -165,6 +165,7 @@ def test_check_entry_point_passes_and_returns_names(site: Path) -> None:
         "judges": ["my_judge", "other_judge"],
         "group_rewards": [],
         "backends": [],
+        "run_sections": [],
     }
 
 

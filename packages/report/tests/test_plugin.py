@@ -20,20 +20,23 @@ def pm(reinforge_pm):
     return reinforge_pm
 
 
-def new_run(sentinels=None):
-    return RunContext(config=SimpleNamespace(sentinels=sentinels, source="run.yaml"), kind="tune")
+def new_run(sentinels=None, report=None):
+    sections = {"sentinels": sentinels, "report": report}
+    return RunContext(config=SimpleNamespace(sections=sections, source="run.yaml"), kind="tune")
 
 
-def end(pm, summary, sentinels=None):
-    run = new_run(sentinels)
+def end(pm, summary, sentinels=None, report=None):
+    run = new_run(sentinels, report)
     pm.hook.on_run_start(run=run)
     pm.hook.on_run_end(summary=summary, run=run)
     return run
 
 
-def test_entry_point_loads_and_registers_no_components():
-    found = check_entry_point("reinforge-report")  # imports the module, registers it; fails on a broken hook
-    assert not any(found.values())
+def test_entry_point_loads_and_registers_only_its_run_file_sections():
+    # imports the module, registers it; fails on a broken hook or on anything else it registers
+    found = check_entry_point("reinforge-report", run_sections=["report", "sentinels"])
+    assert found["run_sections"] == ["report", "sentinels"]
+    assert not any(names for kind, names in found.items() if kind != "run_sections")
 
 
 def test_plugins_command_lists_the_package_and_its_hooks(capsys, monkeypatch):
@@ -88,16 +91,16 @@ def test_run_end_uses_the_run_files_thresholds(pm, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "summary",
+    ("summary", "report"),
     [
-        {"status": "diverged"},  # the metrics of a diverged run hold NaNs; its summary says what happened
-        {"status": "finished", "write_report": False},  # the backend was told not to
+        ({"status": "diverged"}, None),  # the metrics of a diverged run hold NaNs; its summary says what happened
+        ({"status": "finished"}, {"enabled": False}),  # the run file's report: section says not to
     ],
 )
-def test_run_end_writes_no_report_when_told_not_to(pm, tmp_path, capsys, summary):
+def test_run_end_writes_no_report_when_told_not_to(pm, tmp_path, capsys, summary, report):
     run_dir = make_run(tmp_path, healthy)
     summary = {**summary, "run_dir": str(run_dir)}
-    end(pm, summary)
+    end(pm, summary, report=report)
     assert "report" not in summary and not (run_dir / "report").exists()
     assert capsys.readouterr().err == ""
 

@@ -20,7 +20,7 @@ def pm(reinforge_pm):
 
 
 def new_run(sentinels=None, *, source="run.yaml", kind="tune"):
-    return RunContext(config=SimpleNamespace(sentinels=sentinels, source=source), kind=kind)
+    return RunContext(config=SimpleNamespace(sections={"sentinels": sentinels}, source=source), kind=kind)
 
 
 def drive(pm, run, pattern, *, kinds=("train", "eval"), **kw):

@@ -106,3 +106,15 @@ def test_a_typo_in_sentinels_fails_before_the_backend_runs(pm, tmp_path):
     with pytest.raises(ConfigError, match=r"sentinels\.hlat"):
         run_tune(pm, tmp_path, "healthy", sentinels={"hlat": True})
     assert not (tmp_path / "run").exists()
+
+
+def test_the_report_section_switches_the_report_off(pm, tmp_path):
+    summary = run_tune(pm, tmp_path, "healthy", report={"enabled": False})
+    assert summary["status"] == "finished" and "report" not in summary
+    assert not (tmp_path / "run" / "report").exists()
+
+
+def test_a_typo_in_the_report_section_fails_before_the_backend_runs(pm, tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'report\.enabeld' \(did you mean 'enabled'\?\)"):
+        run_tune(pm, tmp_path, "healthy", report={"enabeld": False})
+    assert not (tmp_path / "run").exists()

@@ -423,8 +423,8 @@ class RunConfig(Settings):
     eval: EvalConfig = field(default_factory=EvalConfig)
     config_path: str | None = None
     model_interface: str | None = None
-    # settings of observer plugins' live checks (reinforge-report's reward-hacking sentinels); they check them
-    sentinels: dict[str, Any] = field(default_factory=dict)
+    # plugins' own top-level sections (register_run_sections): raw until checked against the run's registry
+    sections: dict[str, Any] = field(default_factory=dict, metadata=_NOT_YAML)
     source: str | None = field(default=None, metadata=_NOT_YAML)
     base_dir: str | None = field(default=None, metadata=_NOT_YAML)
 
@@ -470,6 +470,17 @@ class RunConfig(Settings):
             ds = getattr(self, key)
             if ds is not None:
                 ds.set_origin(key, self.source or "")
+
+    def section(self, name: str) -> Any:
+        """A plugin's checked section (``register_run_sections``); ``None`` when the run file has none.
+
+        :raises ConfigError: the section is still unchecked (the run was not loaded or built with its
+            plugins' registry), so its values could be anything.
+        """
+        value = self.sections.get(name)
+        if value is None or isinstance(value, Settings):
+            return value
+        raise ConfigError(f"{self.where(name)}: not checked yet: load the run with its registry (load_run(registry=))")
 
     def where(self, key: str) -> str:
         """``"run.yaml: key"`` for error messages about this run."""

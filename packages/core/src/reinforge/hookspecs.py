@@ -127,6 +127,27 @@ def register_backends(register: Any) -> None:
 
 
 @hookspec
+def register_run_sections(register: Any) -> None:
+    """Declare the plugin's own top-level section of the run file (``sentinels:``, ``report:``).
+
+    Core checks a registered section like its own keys: when ``load_run`` is
+    given the run's registry (``reinforge tune``, ``--dry-run``, ``eval``) and
+    when a job is built (``tune()`` from Python), a typo in it is a
+    ``ConfigError`` naming the file and the dotted key. A top-level key that
+    no installed plugin registered is an unknown key, with a did-you-mean over
+    core's keys and the registered sections.
+
+    :param register: ``register(name, settings_class, description="")``:
+        ``settings_class`` is a :class:`reinforge.plugin.Settings` dataclass;
+        ``name`` must not be one of core's run-file keys. The checked instance
+        is ``run.sections[name]`` (``run.section(name)``), read by the
+        plugin's observer hooks (``run.config.section(name)``); a run file
+        without the key gets the class's defaults.
+    :return: nothing.
+    """
+
+
+@hookspec
 def register_commands(register: Any) -> None:
     """Add subcommands to the ``reinforge`` command line.
 
@@ -156,7 +177,8 @@ def on_trajectory(trajectory: Trajectory) -> None:
 def on_run_start(run: RunContext) -> None:
     """Called once when a run (``tune`` or ``eval``) starts, before any model loads.
 
-    Check your own run-file settings here (``run.config.sentinels``) and keep
+    Read your own run-file section here (``run.config.section(name)``, see
+    :func:`register_run_sections`) and keep
     per-run state in ``run.state[<your distribution name>]``, never at module
     level: one process may run many runs. Raising stops the run (``on_run_end``
     is still called).

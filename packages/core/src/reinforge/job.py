@@ -242,9 +242,11 @@ def build_job(
     """
     from .components import plan_component
     from .plugins import build_registry, get_plugin_manager
+    from .runfile import check_sections
 
     pm = plugin_manager or get_plugin_manager()
     registry = build_registry(pm)
+    check_sections(run, registry)
     base = run.base_dir
     plans = [plan_component(run.workflow, "workflow", registry, where=run.where("workflow"), base_dir=base)]
     for i, spec in enumerate(run.judges):

@@ -59,8 +59,10 @@ WORKFLOWS = Kind("workflows", "workflow", "workflow")
 JUDGES = Kind("judges", "judge", "judge")
 GROUP_REWARDS = Kind("group_rewards", "group reward", "group_reward")
 BACKENDS = Kind("backends", "backend")
-KINDS: tuple[Kind, ...] = (WORKFLOWS, JUDGES, GROUP_REWARDS, BACKENDS)
+RUN_SECTIONS = Kind("run_sections", "run-file section")
+KINDS: tuple[Kind, ...] = (WORKFLOWS, JUDGES, GROUP_REWARDS, BACKENDS, RUN_SECTIONS)
 _BY_NAME = {k.plural: k for k in KINDS} | {k.role: k for k in KINDS if k.role} | {"backend": BACKENDS}
+_BY_NAME["run_section"] = RUN_SECTIONS
 
 
 def kind_named(name: str | Kind) -> Kind:
@@ -240,6 +242,9 @@ def _check_object(owner: str, kind: Kind, name: str, obj: Any) -> None:
     A package's own kinds (tools, committers) check their objects themselves.
     """
     where = f"{owner}: {kind.singular} {name!r}"
+    if kind.plural == RUN_SECTIONS.plural:
+        _check_section(where, name, obj)
+        return
     if kind.plural == BACKENDS.plural:
         if not isinstance(obj, type):
             raise PluginError(
@@ -257,3 +262,16 @@ def _check_object(owner: str, kind: Kind, name: str, obj: Any) -> None:
 
 
 _CORE_KINDS = {k.plural for k in KINDS}
+
+
+def _check_section(where: str, name: str, obj: Any) -> None:
+    """A run-file section is a :class:`~reinforge.plugin.Settings` dataclass under a key core does not use."""
+    import dataclasses
+
+    from .config import RunConfig
+    from .settings import Settings, settings_keys
+
+    if name in settings_keys(RunConfig) or name in ("judge", "sections"):
+        raise PluginError(f"{where}: {name!r} is a key of core's run file; register the section under another name")
+    if not (isinstance(obj, type) and issubclass(obj, Settings) and dataclasses.is_dataclass(obj)):
+        raise PluginError(f"{where}: expected a reinforge.plugin.Settings dataclass, got {type(obj).__name__} {obj!r}")

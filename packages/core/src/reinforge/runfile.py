@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 from .config import DatasetConfig, RunConfig, from_dict
 from .dataset_io import looks_local
 from .errors import ConfigError, require
-from .settings import settings_keys
+from .settings import Settings, settings_keys, suggest
 
 if TYPE_CHECKING:
     from .registry import Registry
 
-__all__ = ["build_run", "dump_run", "load_run", "to_dict"]
+__all__ = ["build_run", "check_sections", "dump_run", "load_run", "to_dict"]
 
 
 def build_run(data: dict[str, Any], *, options: dict[str, Any] | None = None, where: str = "tune()") -> RunConfig:
@@ -40,7 +40,38 @@ def build_run(data: dict[str, Any], *, options: dict[str, Any] | None = None, wh
         if merged.get(key) is not None:
             raise ConfigError(f"{where}: {key!r} is given twice")
         merged[key] = value
-    return from_dict(RunConfig, merged, where=where)
+    merged, sections = _split_sections(merged)
+    run: RunConfig = from_dict(RunConfig, merged, where=where)
+    run.sections = sections
+    return run
+
+
+def _split_sections(data: Any) -> tuple[Any, dict[str, Any]]:
+    """Core's keys, and the rest: plugins' sections, checked against the run's registry by :func:`check_sections`."""
+    if not isinstance(data, dict):
+        return data, {}
+    core = settings_keys(RunConfig)
+    kept = {k: v for k, v in data.items() if not isinstance(k, str) or k in core or k == "judge"}
+    return kept, {k: v for k, v in data.items() if k not in kept}
+
+
+def check_sections(run: RunConfig, registry: Registry, *, where: str | None = None) -> None:
+    """Check each plugin section of ``run`` against the settings class its plugin registered, in place.
+
+    A key no installed plugin registered is an unknown key of the run file, with a did-you-mean over core's
+    keys and the registered sections (and a note naming broken plugins, which may be the one that owns it).
+
+    :raises ConfigError: naming the file and the dotted key.
+    """
+    where = where or run.source or "tune()"
+    for name, value in list(run.sections.items()):
+        if isinstance(value, Settings):
+            continue
+        comp = registry.get("run_sections", name)
+        if comp is None:
+            known = [*settings_keys(RunConfig), *registry.names("run_sections")]
+            raise ConfigError(f"{where}: unknown key '{name}'{suggest(name, known)}{registry.broken_note()}")
+        run.sections[name] = from_dict(comp.obj, {} if value is None else value, where=where, key_prefix=name)
 
 
 def to_dict(obj: Any, *, redact: bool = True) -> Any:
@@ -57,6 +88,8 @@ def to_dict(obj: Any, *, redact: bool = True) -> Any:
             out[name] = to_dict(getattr(obj, name), redact=redact)
         if getattr(type(obj), "_open_keys", False):  # a backend's keys sit beside the fields
             out.update(to_dict(getattr(obj, "options", {}), redact=redact))
+        if isinstance(obj, RunConfig):  # plugins' sections are top-level keys of the run file
+            out.update(to_dict(obj.sections, redact=redact))
         return out
     if isinstance(obj, (list, tuple)):
         return [to_dict(v, redact=redact) for v in obj]
@@ -128,7 +161,9 @@ def load_run(path: str | os.PathLike[str], *, registry: Registry | None = None) 
     data = _read_yaml(file)
     if data is None:
         raise ConfigError(f"{where}: the run file is empty; it needs at least a workflow")
+    data, sections = _split_sections(data)
     run: RunConfig = from_dict(RunConfig, data, where=where)
+    run.sections = sections
     base = file.resolve().parent
     run.source, run.base_dir = str(file.resolve()), str(base)
     for key in ("train_dataset", "eval_dataset"):
@@ -153,6 +188,8 @@ def load_run(path: str | os.PathLike[str], *, registry: Registry | None = None) 
             raise ConfigError(f"{where}: config_path: {run.config_path!r} does not exist")
         run.config_path = str(local)
     _check_refs(run, where, registry)
+    if registry is not None:
+        check_sections(run, registry, where=where)
     return run
 
 

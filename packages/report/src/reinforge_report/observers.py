@@ -1,11 +1,11 @@
 """What the observer hooks of :mod:`reinforge_report.plugin` do, per run.
 
-- at the start of a run: check ``run.config.sentinels`` and keep a :class:`~.sentinels.Sentinel`
+- at the start of a run: read the run's ``sentinels:`` section and keep a :class:`~.sentinels.Sentinel`
   in ``run.state["reinforge-report"]`` (never at module level: one process runs many runs);
 - after every training step and evaluation: feed it the record, print each new warning and, with
   ``halt: true``, ask the run to stop;
 - at the end of a run with a run folder: write the report there (not for a diverged run, nor
-  when ``summary["write_report"]`` is false) and put the page's path in ``summary["report"]``.
+  when the run file says ``report: {enabled: false}``) and put the page's path in ``summary["report"]``.
   A report that cannot be written is printed, never raised: it must not lose the run.
 """
 
@@ -17,7 +17,8 @@ from typing import Any
 
 from reinforge.plugin import RunStatus
 
-from .sentinels import Sentinel, load_sentinel_settings
+from .sections import REPORT, SENTINELS, ReportSettings, section_of
+from .sentinels import Sentinel, SentinelSettings
 
 __all__ = ["STATE_KEY", "run_end", "run_start", "sentinel_of", "step_end"]
 
@@ -28,16 +29,9 @@ def _say(message: str) -> None:
     print(f"reinforge: {message}", file=sys.stderr, flush=True)
 
 
-def _where(run: Any) -> str:
-    source = getattr(run.config, "source", None)
-    if source:
-        return str(source)
-    return "tune()" if getattr(run, "kind", "tune") == "tune" else "evaluate()"
-
-
 def run_start(run: Any) -> Sentinel:
-    """Check the run's ``sentinels:`` settings (a ``ConfigError`` naming the key stops the run) and set up its state."""
-    settings = load_sentinel_settings(getattr(run.config, "sentinels", None), where=_where(run))
+    """Set up the run's sentinel from its ``sentinels:`` section (checked by core; a stand-in's raw mapping here)."""
+    settings = section_of(run, SENTINELS, SentinelSettings)
     sentinel = Sentinel.from_settings(settings, getattr(run, "run_dir", None))
     run.state[STATE_KEY] = sentinel
     return sentinel
@@ -74,7 +68,9 @@ def run_end(summary: dict[str, Any], run: Any = None) -> None:
         run.state.pop(STATE_KEY, None)
     if not isinstance(summary, dict) or not summary.get("run_dir"):
         return
-    if summary.get("status") == RunStatus.DIVERGED or not summary.get("write_report", True):
+    if summary.get("status") == RunStatus.DIVERGED:
+        return
+    if run is not None and not section_of(run, REPORT, ReportSettings).enabled:
         return
     try:
         from .report import write_report

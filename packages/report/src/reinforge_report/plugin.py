@@ -1,6 +1,7 @@
 """The module named by the ``reinforge`` entry point: what reinforge-report registers.
 
 - the command ``reinforge report RUN_DIR``;
+- its run-file sections ``sentinels:`` and ``report:`` (:mod:`reinforge_report.sections`);
 - observers: the live sentinels (``on_run_start``, ``on_step_end``) and the end-of-run report
   (``on_run_end``).
 
@@ -20,6 +21,13 @@ def register_commands(register: Any) -> None:
     from .command import HELP, add_arguments, run
 
     register("report", run, help=HELP, arguments=add_arguments)
+
+
+@hookimpl
+def register_run_sections(register: Any) -> None:
+    from .sections import register as register_sections
+
+    register_sections(register)
 
 
 @hookimpl

@@ -237,6 +237,7 @@ def check_entry_point(
     judges: Iterable[str] = (),
     group_rewards: Iterable[str] = (),
     backends: Iterable[str] = (),
+    run_sections: Iterable[str] = (),
     exact: bool = True,
 ) -> dict[str, list[str]]:
     """Assert that an installed distribution's ``reinforge`` entry point registers what it claims.
@@ -249,7 +250,13 @@ def check_entry_point(
     """
     from ..plugins import ENTRY_POINT_GROUP, KINDS, build_registry, get_plugin_manager
 
-    claimed = {"workflows": workflows, "judges": judges, "group_rewards": group_rewards, "backends": backends}
+    claimed = {
+        "workflows": workflows,
+        "judges": judges,
+        "group_rewards": group_rewards,
+        "backends": backends,
+        "run_sections": run_sections,
+    }
     try:
         dist = metadata.distribution(dist_name)
     except metadata.PackageNotFoundError:
