@@ -252,7 +252,7 @@ def test_the_readme_documents_every_key_with_its_default():
     # the run file's keys: the online committer's table further down has keys of the same names
     run_file = readme.split("## reinforge-online's `local` committer")[0]
     rows = {line.split("|")[1].strip(): line for line in run_file.splitlines() if line.startswith("| `")}
-    for cls in {LocalSettings, *ALGORITHMS.values()}:
+    for cls in {LocalSettings, *(record.settings for record in ALGORITHMS.values())}:
         for f in fields(cls):
             row = rows.get(f"`{f.name}`")
             assert row is not None, f"README has no table row for {cls.__name__}.{f.name}"

@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
-from reinforge.plugin import AlgorithmConfig, ConfigError, ModelConfig
+from reinforge.plugin import ConfigError, ModelConfig
 
 from . import checkpoint, packing
-from .algorithms import GroupSettings, LossSettings
+from .algorithms import ALGORITHMS, GroupSettings, LossSettings
 from .memory import configure_malloc, release_free_memory
 from .modeling import DEFAULT_MODEL, load_policy
 from .run_versions import INITIAL, RunVersions, step_name
@@ -100,12 +100,11 @@ class AdapterTrainer:
         if self.packer is not None:
             packing.install(model, self.packer)  # the frozen layers train on prepacked weights (and decode on them)
         self.model = model
-        algo = AlgorithmConfig(algorithm_type="grpo", learning_rate=learning_rate)
         self.trainer = Trainer(
             model,
-            algo,
+            ALGORITHMS["grpo"],
             loss or GroupSettings(),
-            name="grpo",
+            learning_rate=learning_rate,
             temperature=1.0,  # each sample carries its request's own temperature
             pad_id=_pad_id(tokenizer),
             micro_batch_tokens=micro_batch_tokens,

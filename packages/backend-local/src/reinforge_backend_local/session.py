@@ -28,7 +28,7 @@ from reinforge.plugin import (
 )
 
 from . import checkpoint, packing
-from .algorithms import resolve
+from .algorithms import ALGORITHMS, LossSettings
 from .compute import on_compute_thread
 from .endpoint import PolicyEndpoint
 from .engine import Engine, MicroBatcher
@@ -42,7 +42,7 @@ from .weights import attach_lora, merged_for_decode
 if TYPE_CHECKING:
     from reinforge.plugin import TuneJob
 
-    from .backend import LocalSettings
+    from .settings import LocalSettings
 
 
 def _say(message: str) -> None:
@@ -184,17 +184,15 @@ class TrainingSession:
     """
 
     def __init__(self, job: TuneJob, opts: LocalSettings | None = None) -> None:
-        from .backend import LocalBackend, LocalSettings
-
         self.job = job
         self.run = job.run
-        if opts is None:
-            opts = job.backend_settings
-            if not isinstance(opts, LocalSettings):
-                opts = LocalBackend().check_settings(self.run, where=self.run.source or "run")
-        self.opts = opts
+        if job.algorithm_name is None or (opts is None and job.backend_settings is None):
+            raise ValueError("TrainingSession: the job was built without the local backend's checks (need_backend)")
+        # both checked by core before any model loads (LocalBackend.settings and .algorithms)
+        self.opts: LocalSettings = opts if opts is not None else job.backend_settings
         self.algo = self.run.algorithm
-        self.algorithm_name, self.loss = resolve(self.algo, job.algorithm_settings, job.algorithm_name)
+        self.algorithm = ALGORITHMS[job.algorithm_name]
+        self.loss: LossSettings = job.algorithm_settings or self.algorithm.settings()
         if self.run.train_dataset is None:
             raise ConfigError(f"{self.run.where('train_dataset')}: the local backend needs a train_dataset")
         self.mc = self.run.model or ModelConfig(model_path=DEFAULT_MODEL)
@@ -291,9 +289,9 @@ class TrainingSession:
         self.trainer = trainer = on_compute_thread(
             Trainer,
             policy.model,
-            algo,
+            self.algorithm,
             self.loss,
-            name=self.algorithm_name,
+            learning_rate=algo.learning_rate,
             temperature=self.mc.temperature,
             pad_id=policy.engine.pad_id,
             micro_batch=opts.micro_batch,
@@ -357,7 +355,7 @@ class TrainingSession:
         runner = self.job.make_runner(model_provider=provider)
         result = self._rollouts(runner, tasks)
         t_roll = time.perf_counter() - t0
-        samples = build_samples(result, algo, self.loss, name=self.algorithm_name)
+        samples = build_samples(result, self.algorithm, self.loss)
         # on the thread that decodes (.compute); hands each micro-batch's freed activations back itself
         train_metrics = on_compute_thread(trainer.step, samples)
         state.step = step
