@@ -54,7 +54,7 @@ print(before, len(os.listdir("/proc/self/task")))
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
 def test_building_the_engine_starts_no_openmp_team_on_the_callers_thread():
-    """Policy builds its engine on the caller's thread; tensor work there would give that thread an
+    """PolicyRuntime builds its engine on the caller's thread; tensor work there would give that thread an
     OpenMP team of its own (one more OS thread), and every parallel region of the compute thread got
     2-4x slower for the rest of the process (measured: a bf16 decode step 58 -> 31 ms without it)."""
     out = subprocess.run([sys.executable, "-c", BUILD_ON_MAIN_THREAD], capture_output=True, text=True, timeout=120)

@@ -200,7 +200,7 @@ def test_matmul_dtype_auto_is_resolved_for_the_cpu_and_recorded(
 
 
 def test_train_state_round_trips_and_reads_the_0_2_state_json():
-    from reinforge_backend_local.session import TrainState
+    from reinforge_backend_local.train_state import TrainState
 
     state = TrainState(step=3, epoch=1, offset=2)
     assert TrainState.from_json(json.loads(json.dumps(state.to_json()))) == state
