@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from reinforge.config import ModelConfig
-from reinforge_backend_local.compute import on_compute_thread
+from reinforge_backend_local.model.compute import on_compute_thread
 from reinforge_backend_local.policy import PolicyChatModel
 from reinforge_backend_local.runtime import PolicyRuntime
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from reinforge_backend_local.compute import compute_executor, in_passing_thread, on_compute_thread
+from reinforge_backend_local.model.compute import compute_executor, in_passing_thread, on_compute_thread
 
 
 def test_on_compute_thread_runs_there_and_inline_when_already_there():

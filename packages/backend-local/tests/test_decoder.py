@@ -6,10 +6,10 @@ import torch
 from reinforge.config import ModelConfig
 from reinforge_backend_local.decoder import LlamaDecoder, unsupported_reason
 from reinforge_backend_local.engine import Engine, GenRequest
-from reinforge_backend_local.modeling import load_policy
-from reinforge_backend_local.packing import Packer, available
+from reinforge_backend_local.model.modeling import load_policy
+from reinforge_backend_local.model.packing import Packer, available
+from reinforge_backend_local.model.weights import attach_lora, merged_for_decode
 from reinforge_backend_local.policy import ChatTemplate
-from reinforge_backend_local.weights import attach_lora, merged_for_decode
 
 SYSTEM = "You are a careful calculator. Reply with just the number."
 ATOL = 2e-3  # logits are O(10); float32 summation order differs between the two paths

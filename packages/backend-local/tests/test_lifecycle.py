@@ -185,7 +185,7 @@ def test_a_finished_run_reports_every_step_and_starts_and_ends_once(model_folder
 def test_matmul_dtype_auto_is_resolved_for_the_cpu_and_recorded(
     model_folder, data, tmp_path, recorded, monkeypatch, native
 ):
-    from reinforge_backend_local import packing
+    from reinforge_backend_local.model import packing
 
     if native and not packing.bf16_packable():
         pytest.skip("oneDNN packs no bf16 weights on this CPU (AVX2 only): auto resolves to float32 here")

@@ -170,7 +170,7 @@ def test_a_batch_split_into_mini_batches_takes_one_optimizer_step_each(tmp_path:
 
 
 def test_a_half_written_checkpoint_a_crash_left_is_not_the_latest(tmp_path: Path) -> None:
-    from reinforge_backend_local import checkpoint
+    from reinforge_backend_local.model import checkpoint
 
     for name, complete in (
         ("step-1", True),
@@ -247,7 +247,7 @@ def test_versions_are_checked_lent_and_restored_exactly(tmp_path: Path, model_fo
     from reinforge.plugin import ModelConfig, get_plugin_manager
     from reinforge.testing import HookRecorder
     from reinforge_backend_local.adapter_trainer import AdapterTrainer
-    from reinforge_backend_local.compute import on_compute_thread
+    from reinforge_backend_local.model.compute import on_compute_thread
     from reinforge_backend_local.version_check import CheckTimeout, check_version
 
     lora = ModelConfig(model_path=str(model_folder), lora_rank=4, lora_alpha=8)

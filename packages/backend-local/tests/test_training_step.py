@@ -8,13 +8,13 @@ import torch
 
 from reinforge.config import ModelConfig
 from reinforge.errors import ConfigError
-from reinforge_backend_local import packing
 from reinforge_backend_local.algorithms import ALGORITHMS
 from reinforge_backend_local.engine import Engine, GenRequest
-from reinforge_backend_local.modeling import load_policy
+from reinforge_backend_local.model import packing
+from reinforge_backend_local.model.modeling import load_policy
+from reinforge_backend_local.model.weights import attach_lora, merged_for_decode
 from reinforge_backend_local.policy import ChatTemplate
 from reinforge_backend_local.trainer import Sample, Samples, Trainer
-from reinforge_backend_local.weights import attach_lora, merged_for_decode
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +145,7 @@ def test_a_non_finite_loss_raises_and_leaves_the_weights_alone(lora_policy):
 
 
 def test_a_hub_id_that_is_not_on_disk_says_how_to_supply_a_folder(tmp_path, monkeypatch):
-    from reinforge_backend_local.modeling import resolve_model_path
+    from reinforge_backend_local.model.modeling import resolve_model_path
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"Qwen/Qwen3-0.6B.*not used.*model_path: DIR"):
@@ -330,7 +330,7 @@ def test_bf16_matmuls_with_the_sampler_correction_stay_within_bounds_of_float32(
     of its norm, cosine at least 0.97 (measured: 0.009; 6-12%: bf16 keeps 8 bits of mantissa, its
     logprobs differ by up to ~0.1 here, and these gradients of a 4-sample batch are small).
     """
-    from reinforge_backend_local import packing
+    from reinforge_backend_local.model import packing
 
     model, tokenizer, _ = load_policy(str(model_folder))
     model = attach_lora(model, ModelConfig(model_path=str(model_folder), lora_rank=8, lora_alpha=16))

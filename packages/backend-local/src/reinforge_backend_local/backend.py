@@ -44,7 +44,7 @@ class LocalBackend(Backend):
     def dry_run(self, job: TuneJob) -> dict[str, Any]:
         from reinforge.plugin import to_dict
 
-        from .modeling import DEFAULT_MODEL
+        from .model.modeling import DEFAULT_MODEL
 
         run = job.run
         opts = job.backend_settings if job.backend_settings is not None else LocalSettings()

@@ -43,8 +43,8 @@ from reinforge.plugin import FieldError, Settings, at_least, finite, in_range, o
 
 from . import online_worker
 from .baselines import BASELINES, SCALES, cluster_key
+from .model.run_versions import INITIAL, RunVersions, UnknownVersion, step_name, step_of
 from .online_worker import LocalTrace, TrainingCall
-from .run_versions import INITIAL, RunVersions, UnknownVersion, step_name, step_of
 
 if TYPE_CHECKING:
     from reinforge_online import CommitterContext

@@ -9,7 +9,7 @@ are built here, on this side of it. The trainer is built at the first call, by `
 :class:`~reinforge_backend_local.adapter_trainer.AdapterTrainer`), and kept for the process's life.
 
 All tensor work (loading, training, swapping versions' weights, decoding a check) runs on the
-process's one compute thread (:mod:`~reinforge_backend_local.compute`); a check's event loop runs on
+process's one compute thread (:mod:`~reinforge_backend_local.model.compute`); a check's event loop runs on
 the calling thread.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .baselines import Baseline
-from .compute import on_compute_thread
+from .model.compute import on_compute_thread
 
 if TYPE_CHECKING:
     from .trainer import Sample

@@ -15,14 +15,14 @@ import torch
 
 from reinforge.plugin import ModelConfig, RecordingChatModel
 
-from . import packing
-from .compute import on_compute_thread
 from .endpoint import PolicyEndpoint
 from .engine import Engine, MicroBatcher
-from .memory import KEEP_FREE, configure_malloc
-from .modeling import DEFAULT_MODEL, load_policy, resolve_device, resolve_dtype
+from .model import packing
+from .model.compute import on_compute_thread
+from .model.memory import KEEP_FREE, configure_malloc
+from .model.modeling import DEFAULT_MODEL, load_policy, resolve_device, resolve_dtype
+from .model.weights import attach_lora
 from .policy import ChatTemplate, PolicyChatModel
-from .weights import attach_lora
 
 __all__ = ["PolicyRuntime"]
 

@@ -22,17 +22,17 @@ from reinforge.plugin import (
     tool_use_of,
 )
 
-from . import checkpoint
 from .algorithms import ALGORITHMS, LossSettings
-from .compute import on_compute_thread
-from .memory import release_free_memory
 from .metrics_log import MetricsLog
-from .modeling import DEFAULT_MODEL
+from .model import checkpoint
+from .model.compute import on_compute_thread
+from .model.memory import release_free_memory
+from .model.modeling import DEFAULT_MODEL
+from .model.weights import merged_for_decode
 from .progress import Progress, eval_line, say, summary_line
 from .runtime import PolicyRuntime
 from .train_state import TrainState
 from .trainer import SAMPLER_WEIGHT_CAP, Trainer, build_samples
-from .weights import merged_for_decode
 
 if TYPE_CHECKING:
     from reinforge.plugin import TuneJob

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from reinforge.plugin import FieldError, Settings, at_least, finite, one_of
 
-from .modeling import device_problem
+from .model.modeling import device_problem
 
 __all__ = ["MATMUL_DTYPES", "LocalSettings"]
 

@@ -26,7 +26,7 @@ from reinforge.plugin import BatchResult
 
 from . import attention, layout
 from .algorithms import Algorithm, LossSettings, advantages, call_advantages, zero_variance
-from .memory import release_free_memory
+from .model.memory import release_free_memory
 
 
 @dataclass

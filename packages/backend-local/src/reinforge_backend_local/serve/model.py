@@ -13,11 +13,11 @@ from typing import Any
 
 from reinforge.plugin import ConfigError
 
-from .. import checkpoint, packing
 from ..decoder import projection_groups
 from ..engine import Engine
-from ..memory import limit_malloc_arenas
-from ..modeling import ALIASES, DEFAULT_MODEL, GGUF_MODELS, load_policy
+from ..model import checkpoint, packing
+from ..model.memory import limit_malloc_arenas
+from ..model.modeling import ALIASES, DEFAULT_MODEL, GGUF_MODELS, load_policy
 from ..policy import ChatTemplate
 from ..scheduler import Scheduler
 
