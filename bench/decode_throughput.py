@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from reinforge.config import ModelConfig
+from reinforge_backend_local.inference.policy import PolicyChatModel
 from reinforge_backend_local.model.compute import on_compute_thread
-from reinforge_backend_local.policy import PolicyChatModel
 from reinforge_backend_local.runtime import PolicyRuntime
 
 ROOT = Path(__file__).resolve().parents[1]

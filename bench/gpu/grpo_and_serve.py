@@ -331,10 +331,10 @@ def serve(folder: Path, dtype: str, device: str, args: argparse.Namespace) -> li
     """
     import torch
 
-    from reinforge_backend_local.decoder import LlamaDecoder, unsupported_reason
-    from reinforge_backend_local.engine import Engine, GenRequest
+    from reinforge_backend_local.inference.decoder import LlamaDecoder, unsupported_reason
+    from reinforge_backend_local.inference.engine import Engine, GenRequest
+    from reinforge_backend_local.inference.policy import ChatTemplate
     from reinforge_backend_local.model.modeling import load_policy
-    from reinforge_backend_local.policy import ChatTemplate
 
     model, tokenizer, _ = load_policy(str(folder), dtype=dtype, device=device)
     template = ChatTemplate(tokenizer, 1024)

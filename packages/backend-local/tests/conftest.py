@@ -45,7 +45,7 @@ def policy(model_folder):
 @pytest.fixture()
 def poisoned_caches(monkeypatch):
     """Every new KV cache starts as NaN: a masked slot that is read but never written shows up."""
-    from reinforge_backend_local import decoder
+    from reinforge_backend_local.inference import decoder
 
     original = decoder.KVCache.__init__
 

@@ -39,7 +39,7 @@ BUILD_ON_MAIN_THREAD = """
 import os, types
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from reinforge_backend_local.engine import Engine
+from reinforge_backend_local.inference.engine import Engine
 
 torch.set_num_threads(2)
 config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -40,7 +40,7 @@ def _offline_greedy(model_folder: Path, adapter: Path | None, prompt_ids: list[i
     """The greedy tokens of base (+ adapter merged by peft itself), on the serving engine's code path."""
     from peft import PeftModel
 
-    from reinforge_backend_local.engine import Engine, GenRequest
+    from reinforge_backend_local.inference.engine import Engine, GenRequest
     from reinforge_backend_local.model import packing
     from reinforge_backend_local.model.modeling import load_policy
 
@@ -386,7 +386,7 @@ def test_projections_served_stacked_swap_exactly_and_cannot_run_alone(
     import torch
     from peft import PeftModel
 
-    from reinforge_backend_local.decoder import LlamaDecoder, projection_groups
+    from reinforge_backend_local.inference.decoder import LlamaDecoder, projection_groups
     from reinforge_backend_local.model.modeling import load_policy
     from reinforge_backend_local.serve.model import AdapterError
 

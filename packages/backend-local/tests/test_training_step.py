@@ -9,11 +9,11 @@ import torch
 from reinforge.config import ModelConfig
 from reinforge.errors import ConfigError
 from reinforge_backend_local.algorithms import ALGORITHMS
-from reinforge_backend_local.engine import Engine, GenRequest
+from reinforge_backend_local.inference.engine import Engine, GenRequest
+from reinforge_backend_local.inference.policy import ChatTemplate
 from reinforge_backend_local.model import packing
 from reinforge_backend_local.model.modeling import load_policy
 from reinforge_backend_local.model.weights import attach_lora, merged_for_decode
-from reinforge_backend_local.policy import ChatTemplate
 from reinforge_backend_local.trainer import Sample, Samples, Trainer
 
 

@@ -34,8 +34,8 @@ from starlette.routing import Route
 from reinforge import ChatResponse, ModelCall
 from reinforge.plugin import ConfigError
 
-from .engine import GenRequest, GenResult, MicroBatcher
-from .policy import PolicyChatModel, to_response
+from .inference.engine import GenRequest, GenResult, MicroBatcher
+from .inference.policy import PolicyChatModel, to_response
 from .serve import protocol
 from .serve.protocol import ApiError
 

@@ -37,13 +37,13 @@ from reinforge.plugin import (
     load_run,
 )
 
-from .engine import Engine, MicroBatcher
+from .inference.engine import Engine, MicroBatcher
+from .inference.policy import ChatTemplate, PolicyChatModel
 from .model.compute import on_compute_thread
 from .model.memory import release_free_memory
 from .model.modeling import DEFAULT_MODEL
 from .model.run_versions import step_of
 from .model.weights import merged_for_decode
-from .policy import ChatTemplate, PolicyChatModel
 
 __all__ = ["CheckTimeout", "check_version"]
 

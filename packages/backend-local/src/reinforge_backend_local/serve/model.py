@@ -13,13 +13,13 @@ from typing import Any
 
 from reinforge.plugin import ConfigError
 
-from ..decoder import projection_groups
-from ..engine import Engine
+from ..inference.decoder import projection_groups
+from ..inference.engine import Engine
+from ..inference.policy import ChatTemplate
+from ..inference.scheduler import Scheduler
 from ..model import checkpoint, packing
 from ..model.memory import limit_malloc_arenas
 from ..model.modeling import ALIASES, DEFAULT_MODEL, GGUF_MODELS, load_policy
-from ..policy import ChatTemplate
-from ..scheduler import Scheduler
 
 
 @dataclass

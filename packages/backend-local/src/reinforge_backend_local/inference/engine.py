@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .model.compute import compute_executor
+from ..model.compute import compute_executor
 from .sampling import request_generator, sample
 
 
