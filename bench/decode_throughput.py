@@ -26,7 +26,7 @@ import torch
 from reinforge.config import ModelConfig
 from reinforge_backend_local.inference.policy import PolicyChatModel
 from reinforge_backend_local.model.compute import on_compute_thread
-from reinforge_backend_local.runtime import PolicyRuntime
+from reinforge_backend_local.rollouts.runtime import PolicyRuntime
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM = "You are a careful calculator. Reply with just the number."

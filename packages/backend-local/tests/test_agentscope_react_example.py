@@ -24,7 +24,7 @@ from agentscope.model import ChatModelBase, ChatResponse  # noqa: E402
 
 from reinforge.config import ModelConfig, load_run  # noqa: E402
 from reinforge.job import build_job  # noqa: E402
-from reinforge_backend_local.runtime import PolicyRuntime  # noqa: E402
+from reinforge_backend_local.rollouts.runtime import PolicyRuntime  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "react-agentscope"
 RUN_FILE = EXAMPLE / "run.yaml"

@@ -189,8 +189,8 @@ def test_a_wrong_key_of_the_third_party_backend_names_the_key_and_the_file(toy, 
 
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_a_wrong_type_in_local_backend_args_fails_before_any_model_loads(tmp_path, monkeypatch, capsys, dry_run):
-    from reinforge_backend_local import runtime
     from reinforge_backend_local.model import modeling
+    from reinforge_backend_local.rollouts import runtime
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded")

@@ -16,8 +16,8 @@ import torch
 from reinforge import JudgeOutput, WorkflowOutput, tune
 from reinforge.cli import main
 from reinforge.config import AlgorithmConfig, DatasetConfig, ModelConfig
-from reinforge_backend_local.export import export_run
 from reinforge_backend_local.model import checkpoint
+from reinforge_backend_local.serve.export import export_run
 
 PROMPTS = ["What is 2 + 2?", "Name a colour.", "Say hello.", "What is the capital of France?", "Count to three."]
 NEW_TOKENS = 8

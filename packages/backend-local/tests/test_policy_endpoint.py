@@ -10,7 +10,7 @@ from reinforge.config import ModelConfig
 from reinforge.rewards import JudgeSlot, RewardComposer
 from reinforge.runner import Runner, RunnerSettings
 from reinforge.signatures import bind
-from reinforge_backend_local.runtime import PolicyRuntime
+from reinforge_backend_local.rollouts.runtime import PolicyRuntime
 
 QUESTION = [{"role": "user", "content": "Say hello."}]
 
@@ -240,7 +240,7 @@ def test_unknown_and_finished_rollouts_and_other_paths_are_openai_404s(policy):
 def test_the_endpoint_starts_on_a_free_port_and_stops():
     import httpx
 
-    from reinforge_backend_local.endpoint import PolicyEndpoint
+    from reinforge_backend_local.rollouts.endpoint import PolicyEndpoint
 
     first, second = PolicyEndpoint("m").start(), PolicyEndpoint("m").start()
     try:

@@ -9,7 +9,7 @@ from reinforge.config import ModelConfig
 from reinforge.rewards import JudgeSlot, RewardComposer
 from reinforge.runner import Runner, RunnerSettings
 from reinforge.signatures import bind
-from reinforge_backend_local.runtime import PolicyRuntime
+from reinforge_backend_local.rollouts.runtime import PolicyRuntime
 from reinforge_rollouts_react import react_workflow
 
 

@@ -37,7 +37,7 @@ class LocalBackend(Backend):
 
     def chat_model(self, model_config: ModelConfig) -> Any:
         """The base (or given) model for ``reinforge eval``, batched across concurrent calls."""
-        from .standalone import standalone_model
+        from .rollouts.standalone import standalone_model
 
         return standalone_model(model_config)
 

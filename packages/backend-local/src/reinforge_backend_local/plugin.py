@@ -21,7 +21,7 @@ def register_backends(register: Any) -> None:
 
 @hookimpl
 def register_commands(register: Any) -> None:
-    from . import export
+    from .serve import export
 
     register("export", export.run, help=export.HELP, arguments=export.add_arguments)
 

@@ -30,7 +30,7 @@ from .model.memory import release_free_memory
 from .model.modeling import DEFAULT_MODEL
 from .model.weights import merged_for_decode
 from .progress import Progress, eval_line, say, summary_line
-from .runtime import PolicyRuntime
+from .rollouts.runtime import PolicyRuntime
 from .train_state import TrainState
 from .trainer import SAMPLER_WEIGHT_CAP, Trainer, build_samples
 

@@ -34,10 +34,10 @@ from starlette.routing import Route
 from reinforge import ChatResponse, ModelCall
 from reinforge.plugin import ConfigError
 
-from .inference.engine import GenRequest, GenResult, MicroBatcher
-from .inference.policy import PolicyChatModel, to_response
-from .serve import protocol
-from .serve.protocol import ApiError
+from ..inference.engine import GenRequest, GenResult, MicroBatcher
+from ..inference.policy import PolicyChatModel, to_response
+from ..serve import protocol
+from ..serve.protocol import ApiError
 
 ROUTE = "/rollouts/"
 VERSION_HEADER = "x-policy-version"

@@ -15,14 +15,14 @@ import torch
 
 from reinforge.plugin import ModelConfig, RecordingChatModel
 
+from ..inference.engine import Engine, MicroBatcher
+from ..inference.policy import ChatTemplate, PolicyChatModel
+from ..model import packing
+from ..model.compute import on_compute_thread
+from ..model.memory import KEEP_FREE, configure_malloc
+from ..model.modeling import DEFAULT_MODEL, load_policy, resolve_device, resolve_dtype
+from ..model.weights import attach_lora
 from .endpoint import PolicyEndpoint
-from .inference.engine import Engine, MicroBatcher
-from .inference.policy import ChatTemplate, PolicyChatModel
-from .model import packing
-from .model.compute import on_compute_thread
-from .model.memory import KEEP_FREE, configure_malloc
-from .model.modeling import DEFAULT_MODEL, load_policy, resolve_device, resolve_dtype
-from .model.weights import attach_lora
 
 __all__ = ["PolicyRuntime"]
 

@@ -8,7 +8,7 @@ from typing import Any
 from reinforge import ChatResponse
 from reinforge.plugin import ModelConfig
 
-from .inference.policy import sampling_request, to_response
+from ..inference.policy import sampling_request, to_response
 from .runtime import PolicyRuntime
 
 __all__ = ["StandaloneModel", "standalone_model"]
