@@ -6,8 +6,8 @@ from reinforge import ChatResponse, ModelCall, Trajectory
 from reinforge.config import AlgorithmConfig
 from reinforge.errors import ConfigError
 from reinforge.runner import BatchResult, GroupResult
-from reinforge_backend_local.algorithms import ALGORITHMS, advantages, algorithm
-from reinforge_backend_local.trainer import build_samples
+from reinforge_backend_local.training.algorithms import ALGORITHMS, advantages, algorithm
+from reinforge_backend_local.training.trainer import build_samples
 
 REWARDS = [1.0, 0.0, 0.5, 0.5]  # mean 0.5, population std sqrt(0.125)
 
@@ -75,7 +75,7 @@ def test_multi_step_grpo_gives_every_call_its_runs_advantage():
 
 
 def test_micro_batches_are_capped_by_sequences_and_by_padded_tokens():
-    from reinforge_backend_local.trainer import Sample, _micro_batches
+    from reinforge_backend_local.training.trainer import Sample, _micro_batches
 
     def sample(n):
         return Sample([1] * (n - 1), [2], [0.0], 1.0)
@@ -92,7 +92,7 @@ def test_micro_batches_are_capped_by_sequences_and_by_padded_tokens():
 
 
 def test_every_algorithm_keeps_the_old_defaults_of_its_loss_keys():
-    from reinforge_backend_local.algorithms import GroupSettings, LossSettings
+    from reinforge_backend_local.training.algorithms import GroupSettings, LossSettings
 
     assert set(ALGORITHMS) == {"grpo", "multi_step_grpo", "rloo", "reinforce_pp", "gspo", "ppo"}
     defaults = {
@@ -121,7 +121,7 @@ def _checked(algo):
 
 
 def test_the_backend_checks_the_loss_keys_with_the_records_settings():
-    from reinforge_backend_local.algorithms import GroupSettings, LossSettings
+    from reinforge_backend_local.training.algorithms import GroupSettings, LossSettings
 
     name, settings = _checked(AlgorithmConfig(algorithm_type="reinforce++", kl_coef=0.05))
     assert name == "reinforce_pp" and type(settings) is LossSettings and settings.kl_coef == 0.05
@@ -160,7 +160,7 @@ def test_the_records_flags_are_what_the_trainer_reads():
 
 
 def test_build_samples_reads_the_scaling_from_the_typed_settings():
-    from reinforge_backend_local.algorithms import GroupSettings
+    from reinforge_backend_local.training.algorithms import GroupSettings
 
     group = GroupResult(task={}, task_index=0, group_id="g", kept=[_trajectory(1.0, 1), _trajectory(0.0, 1)])
     result = BatchResult([group], counters=None, metrics={}, seconds=0.0)
@@ -171,7 +171,7 @@ def test_build_samples_reads_the_scaling_from_the_typed_settings():
 
 
 def test_a_call_reward_reaches_exactly_that_calls_advantage():
-    from reinforge_backend_local.algorithms import MultiStepSettings
+    from reinforge_backend_local.training.algorithms import MultiStepSettings
 
     def rewarded(reward, call_rewards, task_index=0):
         t = _trajectory(reward, len(call_rewards), task_index)

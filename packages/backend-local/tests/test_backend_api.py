@@ -246,8 +246,8 @@ def test_the_backend_declares_its_settings_and_algorithms():
 def test_the_readme_documents_every_key_with_its_default():
     from dataclasses import MISSING, fields
 
-    from reinforge_backend_local.algorithms import ALGORITHMS
     from reinforge_backend_local.backend import LocalSettings
+    from reinforge_backend_local.training.algorithms import ALGORITHMS
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     # the run file's keys: the online committer's table further down has keys of the same names

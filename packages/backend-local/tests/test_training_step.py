@@ -8,13 +8,13 @@ import torch
 
 from reinforge.config import ModelConfig
 from reinforge.errors import ConfigError
-from reinforge_backend_local.algorithms import ALGORITHMS
 from reinforge_backend_local.inference.engine import Engine, GenRequest
 from reinforge_backend_local.inference.policy import ChatTemplate
 from reinforge_backend_local.model import packing
 from reinforge_backend_local.model.modeling import load_policy
 from reinforge_backend_local.model.weights import attach_lora, merged_for_decode
-from reinforge_backend_local.trainer import Sample, Samples, Trainer
+from reinforge_backend_local.training.algorithms import ALGORITHMS
+from reinforge_backend_local.training.trainer import Sample, Samples, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -156,7 +156,7 @@ def test_a_hub_id_that_is_not_on_disk_says_how_to_supply_a_folder(tmp_path, monk
 
 
 def test_the_trainer_takes_the_algorithms_record_and_its_typed_settings(lora_policy):
-    from reinforge_backend_local.algorithms import GroupSettings
+    from reinforge_backend_local.training.algorithms import GroupSettings
 
     model, tokenizer = lora_policy
     settings = GroupSettings(kl_coef=0.1, ppo_epochs=2, clip_range=0.1)
@@ -174,7 +174,7 @@ def test_the_trainer_takes_the_algorithms_record_and_its_typed_settings(lora_pol
 
 def test_a_shared_prompt_prefix_runs_once_with_the_same_loss_and_lora_gradients(lora_policy):
     """Prefix sharing in training is exact: the rows' gradients through the one prefix forward add up."""
-    from reinforge_backend_local.trainer import shared_prefix
+    from reinforge_backend_local.training.trainer import shared_prefix
 
     model, tokenizer = lora_policy
     template = ChatTemplate(tokenizer, 512)
@@ -223,7 +223,7 @@ def test_each_sample_is_scored_at_its_own_temperature(lora_policy):
 
 
 def test_chunked_logprobs_equal_the_log_softmax_entries():
-    from reinforge_backend_local.trainer import completion_logprobs
+    from reinforge_backend_local.training.trainer import completion_logprobs
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 300, bias=False)
@@ -239,7 +239,7 @@ def test_chunked_logprobs_equal_the_log_softmax_entries():
 
 def test_a_frozen_head_gives_the_log_softmax_entries_and_their_gradient():
     """The fused pass (one exp per logit, softmax kept for backward) against autograd through log_softmax."""
-    from reinforge_backend_local.trainer import completion_logprobs
+    from reinforge_backend_local.training.trainer import completion_logprobs
 
     torch.manual_seed(1)
     head = torch.nn.Linear(16, 300, bias=False).requires_grad_(False)
@@ -263,7 +263,7 @@ def test_a_frozen_head_gives_the_log_softmax_entries_and_their_gradient():
 
 def test_the_lm_head_on_completion_tokens_only_gives_the_full_logits_loss_and_gradients(lora_policy, monkeypatch):
     """The trainer's own LM head pass (real completion tokens, in chunks) against the model's padded logits."""
-    from reinforge_backend_local import trainer as trainer_module
+    from reinforge_backend_local.training import trainer as trainer_module
 
     model, tokenizer = lora_policy
     template = ChatTemplate(tokenizer, 512)

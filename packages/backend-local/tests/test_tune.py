@@ -199,7 +199,7 @@ def test_the_tensor_work_of_a_run_happens_on_one_thread(model_folder, data, tmp_
     from reinforge_backend_local.inference.engine import Engine
     from reinforge_backend_local.model import checkpoint
     from reinforge_backend_local.rollouts import runtime
-    from reinforge_backend_local.trainer import Trainer
+    from reinforge_backend_local.training.trainer import Trainer
 
     seen: dict[str, set[str]] = {}
 

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from reinforge.plugin import Backend
 
-from .algorithms import ALGORITHM_ALIASES, ALGORITHMS
 from .settings import LocalSettings
+from .training.algorithms import ALGORITHM_ALIASES, ALGORITHMS
 
 if TYPE_CHECKING:
     from reinforge.plugin import ModelConfig, TuneJob
@@ -31,7 +31,7 @@ class LocalBackend(Backend):
     algorithm_aliases = ALGORITHM_ALIASES
 
     def run(self, job: TuneJob) -> dict[str, Any]:
-        from .session import TrainingSession
+        from .training.session import TrainingSession
 
         return TrainingSession(job).train()
 

@@ -18,7 +18,7 @@ the rest: :meth:`~LocalCommitter.check` scores a version on a run file's eval se
 predecessor, or the version a rollback serves again). ``send`` no longer swaps the server.
 
 Training and checks run in a worker process of its own (spawned; :mod:`reinforge_backend_local.online_worker`
-holds an :class:`~reinforge_backend_local.adapter_trainer.AdapterTrainer` and its model), so torch
+holds an :class:`~reinforge_backend_local.training.adapter_trainer.AdapterTrainer` and its model), so torch
 never loads into the gateway and the gateway's threads are never stalled by it. A failure anywhere
 raises, so the outbox sends the same batch id again: the worker finds that batch already trained (a
 checkpoint names it) and answers its version. A worker that died is started again at the next call and

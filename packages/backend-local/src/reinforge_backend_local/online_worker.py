@@ -6,7 +6,7 @@ and calls the functions below in it with the committer's options (plain data) an
 :class:`LocalTrace` objects, which cross the process boundary pickled; the samples the trainer takes
 are built here, on this side of it. The trainer is built at the first call, by ``options["trainer"]``
 (``module:function``; default :func:`adapter_trainer`, this package's
-:class:`~reinforge_backend_local.adapter_trainer.AdapterTrainer`), and kept for the process's life.
+:class:`~reinforge_backend_local.training.adapter_trainer.AdapterTrainer`), and kept for the process's life.
 
 All tensor work (loading, training, swapping versions' weights, decoding a check) runs on the
 process's one compute thread (:mod:`~reinforge_backend_local.model.compute`); a check's event loop runs on
@@ -25,7 +25,7 @@ from .baselines import Baseline
 from .model.compute import on_compute_thread
 
 if TYPE_CHECKING:
-    from .trainer import Sample
+    from .training.trainer import Sample
 
 __all__ = [
     "DEFAULT_TRAINER",
@@ -73,8 +73,8 @@ def adapter_trainer(options: dict[str, Any]) -> Any:
         torch.set_num_threads(int(threads))  # called on the compute thread (see _trainer): its OpenMP count too
     from reinforge.plugin import ModelConfig
 
-    from .adapter_trainer import AdapterTrainer
-    from .algorithms import GroupSettings
+    from .training.adapter_trainer import AdapterTrainer
+    from .training.algorithms import GroupSettings
 
     model = options.get("model") or "smollm2-135m-instruct"
     lora = ModelConfig(model_path=model, lora_rank=options["lora_rank"], lora_alpha=options["lora_alpha"])
@@ -138,7 +138,7 @@ def _trainer(options: dict[str, Any]) -> Any:
 
 def samples_of(traces: Sequence[LocalTrace], advantages: Sequence[float]) -> list[Sample]:
     """One :class:`~.trainer.Sample` per call: the trace's advantage, weight ``1 / calls``, the call's temperature."""
-    from .trainer import Sample
+    from .training.trainer import Sample
 
     out = []
     for trace, advantage in zip(traces, advantages):

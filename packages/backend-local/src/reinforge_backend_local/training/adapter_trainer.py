@@ -37,12 +37,12 @@ import torch
 
 from reinforge.plugin import ConfigError, ModelConfig
 
+from ..model import checkpoint, packing
+from ..model.memory import configure_malloc, release_free_memory
+from ..model.modeling import DEFAULT_MODEL, load_policy
+from ..model.run_versions import INITIAL, RunVersions, step_name
+from ..model.weights import attach_lora
 from .algorithms import ALGORITHMS, GroupSettings, LossSettings
-from .model import checkpoint, packing
-from .model.memory import configure_malloc, release_free_memory
-from .model.modeling import DEFAULT_MODEL, load_policy
-from .model.run_versions import INITIAL, RunVersions, step_name
-from .model.weights import attach_lora
 from .trainer import Sample, Samples, Trainer
 
 __all__ = ["AdapterTrainer"]

@@ -22,22 +22,22 @@ from reinforge.plugin import (
     tool_use_of,
 )
 
+from ..model import checkpoint
+from ..model.compute import on_compute_thread
+from ..model.memory import release_free_memory
+from ..model.modeling import DEFAULT_MODEL
+from ..model.weights import merged_for_decode
+from ..rollouts.runtime import PolicyRuntime
 from .algorithms import ALGORITHMS, LossSettings
 from .metrics_log import MetricsLog
-from .model import checkpoint
-from .model.compute import on_compute_thread
-from .model.memory import release_free_memory
-from .model.modeling import DEFAULT_MODEL
-from .model.weights import merged_for_decode
 from .progress import Progress, eval_line, say, summary_line
-from .rollouts.runtime import PolicyRuntime
-from .train_state import TrainState
+from .state import TrainState
 from .trainer import SAMPLER_WEIGHT_CAP, Trainer, build_samples
 
 if TYPE_CHECKING:
     from reinforge.plugin import TuneJob
 
-    from .settings import LocalSettings
+    from ..settings import LocalSettings
 
 __all__ = ["TrainingSession"]
 

@@ -24,9 +24,9 @@ import torch
 
 from reinforge.plugin import BatchResult
 
+from ..model.memory import release_free_memory
 from . import attention, layout
 from .algorithms import Algorithm, LossSettings, advantages, call_advantages, zero_variance
-from .model.memory import release_free_memory
 
 
 @dataclass
