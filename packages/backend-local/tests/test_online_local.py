@@ -48,7 +48,7 @@ def test_traffic_through_the_gateway_trains_a_version_that_is_then_served(
     import openai
 
     from reinforge.plugin import load_settings
-    from reinforge_backend_local.online_committer import LocalCommitter
+    from reinforge_backend_local.online.committer import LocalCommitter
     from reinforge_backend_local.training.adapter_trainer import AdapterTrainer
     from reinforge_online.app import build_app
     from reinforge_online.config import OnlineSettings, resolve_secrets
@@ -247,8 +247,8 @@ def test_versions_are_checked_lent_and_restored_exactly(tmp_path: Path, model_fo
     from reinforge.plugin import ModelConfig, get_plugin_manager
     from reinforge.testing import HookRecorder
     from reinforge_backend_local.model.compute import on_compute_thread
+    from reinforge_backend_local.online.version_check import CheckTimeout, check_version
     from reinforge_backend_local.training.adapter_trainer import AdapterTrainer
-    from reinforge_backend_local.version_check import CheckTimeout, check_version
 
     lora = ModelConfig(model_path=str(model_folder), lora_rank=4, lora_alpha=8)
     trainer = on_compute_thread(
@@ -316,7 +316,7 @@ def test_versions_are_checked_lent_and_restored_exactly(tmp_path: Path, model_fo
 def test_the_committer_checks_versions_in_its_worker(tmp_path: Path, model_folder: Any) -> None:
     from local_testlib import SWAP_KEY, FakeAdmin
 
-    from reinforge_backend_local.online_committer import LocalCommitter, LocalCommitterSettings, options_of
+    from reinforge_backend_local.online.committer import LocalCommitter, LocalCommitterSettings, options_of
     from reinforge_online.versions import CheckResult, CheckSpec
 
     fake = FakeAdmin()

@@ -37,17 +37,17 @@ from reinforge.plugin import (
     load_run,
 )
 
-from .inference.engine import Engine, MicroBatcher
-from .inference.policy import ChatTemplate, PolicyChatModel
-from .model.compute import on_compute_thread
-from .model.memory import release_free_memory
-from .model.modeling import DEFAULT_MODEL
-from .model.run_versions import step_of
-from .model.weights import merged_for_decode
+from ..inference.engine import Engine, MicroBatcher
+from ..inference.policy import ChatTemplate, PolicyChatModel
+from ..model.compute import on_compute_thread
+from ..model.memory import release_free_memory
+from ..model.modeling import DEFAULT_MODEL
+from ..model.run_versions import step_of
+from ..model.weights import merged_for_decode
 
 __all__ = ["CheckTimeout", "check_version"]
 
-_log = logging.getLogger("reinforge_backend_local.version_check")
+_log = logging.getLogger("reinforge_backend_local.online.version_check")
 MAX_BATCH = 64  # rows per decode batch
 
 
