@@ -2,7 +2,7 @@
 
 What a run file may set is declared elsewhere and checked by core before any
 model loads: :class:`~.settings.LocalSettings` is ``backend_args``; each
-``algorithm_type`` is an :class:`~.algorithms.Algorithm` record whose settings
+``algorithm_type`` is an :class:`~.training.algorithms.Algorithm` record whose settings
 class holds the keys under ``algorithm:`` besides core's ``learning_rate``,
 ``group_size``, ``batch_size``, ...
 """

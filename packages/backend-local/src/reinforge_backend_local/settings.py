@@ -21,13 +21,13 @@ class LocalSettings(Settings):
     resume: str | None = None  # a run folder (its latest checkpoint) or a checkpoint folder
     micro_batch: int = 8  # padded layout: sequences per forward/backward (8 is faster than 16 there, ~1 GB smaller)
     micro_batch_tokens: int | None = 1024  # token positions per forward/backward (long multi-turn samples)
-    packed_batches: bool = True  # a group's shared prompt once, samples packed without padding (layout.py)
+    packed_batches: bool = True  # a group's shared prompt once, samples packed without padding (training/layout.py)
     max_batch: int = 64  # rows per decode batch
     window_s: float = 0.05  # micro-batching window for calls that arrive apart
     fast_decode: bool = True  # the hand-written decoder for Llama-family models (else HF's forward)
     kv_cache_mb: float = 1024  # a decode batch whose KV cache would be larger runs in parts
     prepacked_weights: bool = True  # frozen weights in oneDNN's packed layout, for decode and training
-    keep_free_mb: float = 2048  # freed memory kept for reuse (memory.py); 0: back to the system at once
+    keep_free_mb: float = 2048  # freed memory kept for reuse (model/memory.py); 0: back to the system at once
     # bfloat16: the frozen (and merged) weights' matmuls in bf16, sampler corrected; auto: bf16 on CPUs with native
     # bf16. float32 by default: bf16 cost the math example ~5 points of held-out accuracy (README)
     matmul_dtype: str = "float32"

@@ -65,7 +65,7 @@ def check_version(
     timeout_s: float,
     plugin_manager: Any = None,
 ) -> dict[str, Any]:
-    """Score version ``name`` of ``trainer`` (an :class:`~.adapter_trainer.AdapterTrainer`) on ``run``'s eval set.
+    """Score version ``name`` of ``trainer`` (an :class:`~..training.adapter_trainer.AdapterTrainer`) on ``run``'s eval set.
 
     :param plugin_manager: where the run's components are looked up (default: the installed plugins).
     :returns: ``{"score", "tasks", "seconds", "metrics"}`` (tasks scored; every reward dimension's mean).

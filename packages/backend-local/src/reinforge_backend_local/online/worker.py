@@ -65,7 +65,7 @@ class LocalTrace:
 
 
 def adapter_trainer(options: dict[str, Any]) -> Any:
-    """The worker's default trainer: an :class:`~.adapter_trainer.AdapterTrainer` with ``options``."""
+    """The worker's default trainer: an :class:`~..training.adapter_trainer.AdapterTrainer` with ``options``."""
     threads = options.get("threads")
     if threads:
         import torch
@@ -137,7 +137,7 @@ def _trainer(options: dict[str, Any]) -> Any:
 
 
 def samples_of(traces: Sequence[LocalTrace], advantages: Sequence[float]) -> list[Sample]:
-    """One :class:`~.trainer.Sample` per call: the trace's advantage, weight ``1 / calls``, the call's temperature."""
+    """One :class:`~..training.trainer.Sample` per call: the trace's advantage, weight ``1 / calls``, the call's temperature."""
     from ..training.trainer import Sample
 
     out = []

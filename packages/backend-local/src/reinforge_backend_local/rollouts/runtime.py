@@ -2,7 +2,7 @@
 
 :class:`PolicyRuntime` is what a training session generates its rollouts and evaluations with, and
 what ``reinforge eval`` wraps (:mod:`.standalone`). (The in-process ``ChatModel`` over it is
-:class:`~.policy.PolicyChatModel`.)
+:class:`~..inference.policy.PolicyChatModel`.)
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ class AdapterSwapper:
         (about 0.43 GB of SmolLM2-135M's 0.54). A swap reads the base weights back from the
         model folder's safetensors. Only for weights equal to the folder's (no full fine-tune
         loaded over them) and not tied to the embedding. Each of ``groups`` (modules that read
-        the same input, :func:`~..decoder.projection_groups`) is pinned as one stacked weight.
+        the same input, :func:`~..inference.decoder.projection_groups`) is pinned as one stacked weight.
         With ``map_embedding`` the embedding table is read from the file's pages (:meth:`_map_embedding`).
         """
         import torch
