@@ -25,9 +25,9 @@ import torch
 from _common import emit
 
 from reinforge.config import ModelConfig
-from reinforge_backend_local.compute import on_compute_thread
-from reinforge_backend_local.policy import PolicyChatModel
-from reinforge_backend_local.session import Policy
+from reinforge_backend_local.inference.policy import PolicyChatModel
+from reinforge_backend_local.model.compute import on_compute_thread
+from reinforge_backend_local.rollouts.runtime import PolicyRuntime
 
 ROOT = Path(__file__).resolve().parents[1]
 SYSTEM = "You are a careful calculator. Reply with just the number."
@@ -42,7 +42,7 @@ def messages(q: str) -> list[dict]:
     return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
 
 
-def run_engine(policy: Policy, prompts: list[str], max_tokens: int, seed: int) -> tuple[float, int]:
+def run_engine(policy: PolicyRuntime, prompts: list[str], max_tokens: int, seed: int) -> tuple[float, int]:
     async def one(i: int, q: str) -> int:
         model = PolicyChatModel(
             policy.batcher,
@@ -67,7 +67,7 @@ def run_engine(policy: Policy, prompts: list[str], max_tokens: int, seed: int) -
     return time.perf_counter() - start, sum(counts)
 
 
-def run_hf(policy: Policy, prompts: list[str], max_tokens: int, seed: int, model=None) -> tuple[float, int]:
+def run_hf(policy: PolicyRuntime, prompts: list[str], max_tokens: int, seed: int, model=None) -> tuple[float, int]:
     model = model if model is not None else policy.model
     ids = [policy.template.prompt_ids(messages(q)) for q in prompts]
     width = max(map(len, ids))
@@ -117,7 +117,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     on_compute_thread(torch.set_num_threads, args.threads)  # torch's count, and the decoding thread's OpenMP count
-    policy = Policy(
+    policy = PolicyRuntime(
         ModelConfig(model_path="smollm2-135m-instruct"),
         max_batch=64,
         window_s=0.05,

@@ -68,7 +68,7 @@ def child_trl(steps: int, seed: int, gradient_checkpointing: bool, bf16: bool = 
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from reinforge_backend_local.modeling import resolve_model_path
+    from reinforge_backend_local.model.modeling import resolve_model_path
 
     torch.set_num_threads(2)
     data = [

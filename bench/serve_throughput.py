@@ -127,13 +127,13 @@ def not_installed(python: str, venv: Path, what: str) -> str:
 
 
 def fp32_folder() -> Path:
-    from reinforge_backend_local.modeling import resolve_model_path
+    from reinforge_backend_local.model.modeling import resolve_model_path
 
     return Path(resolve_model_path(MODEL))
 
 
 def gguf_file() -> Path:
-    from reinforge_backend_local.modeling import GGUF_MODELS
+    from reinforge_backend_local.model.modeling import GGUF_MODELS
 
     package, filename = GGUF_MODELS[MODEL]
     spec = importlib.util.find_spec(package)

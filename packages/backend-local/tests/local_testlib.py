@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from reinforge_backend_local.run_versions import INITIAL, RunVersions, step_name, write_json
+from reinforge_backend_local.model.run_versions import INITIAL, RunVersions, step_name, write_json
 
 SCRIPTED = "local_testlib:scripted_trainer"
 SWAP_KEY = "swap-key"

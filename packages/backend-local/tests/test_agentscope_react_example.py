@@ -24,7 +24,7 @@ from agentscope.model import ChatModelBase, ChatResponse  # noqa: E402
 
 from reinforge.job import build_job  # noqa: E402
 from reinforge.plugin import ModelConfig, load_run  # noqa: E402
-from reinforge_backend_local.session import Policy  # noqa: E402
+from reinforge_backend_local.rollouts.runtime import PolicyRuntime  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "react-agentscope"
 RUN_FILE = EXAMPLE / "run.yaml"
@@ -177,7 +177,9 @@ def test_a_reply_without_a_tool_call_ends_the_episode_and_a_bad_expression_is_an
 
 
 def test_the_workflow_on_the_local_policy_records_every_agent_call(job, model_folder):
-    policy = Policy(ModelConfig(model_path=str(model_folder), max_tokens=48), max_batch=16, window_s=0.05, lora=True)
+    policy = PolicyRuntime(
+        ModelConfig(model_path=str(model_folder), max_tokens=48), max_batch=16, window_s=0.05, lora=True
+    )
     try:
         sampling = {"max_tokens": 48, "temperature": 0.0}
         runner = job.make_runner(

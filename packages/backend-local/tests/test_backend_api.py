@@ -189,13 +189,14 @@ def test_a_wrong_key_of_the_third_party_backend_names_the_key_and_the_file(toy, 
 
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_a_wrong_type_in_local_backend_args_fails_before_any_model_loads(tmp_path, monkeypatch, capsys, dry_run):
-    from reinforge_backend_local import modeling, session
+    from reinforge_backend_local.model import modeling
+    from reinforge_backend_local.rollouts import runtime
 
     def no_model(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr(modeling, "load_policy", no_model)
-    monkeypatch.setattr(session, "load_policy", no_model)
+    monkeypatch.setattr(runtime, "load_policy", no_model)
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "toyflow_mb.py").write_text(FLOW)
@@ -245,14 +246,14 @@ def test_the_backend_declares_its_settings_and_algorithms():
 def test_the_readme_documents_every_key_with_its_default():
     from dataclasses import MISSING, fields
 
-    from reinforge_backend_local.algorithms import ALGORITHMS
     from reinforge_backend_local.backend import LocalSettings
+    from reinforge_backend_local.training.algorithms import ALGORITHMS
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     # the run file's keys: the online committer's table further down has keys of the same names
     run_file = readme.split("## reinforge-online's `local` committer")[0]
     rows = {line.split("|")[1].strip(): line for line in run_file.splitlines() if line.startswith("| `")}
-    for cls in {LocalSettings, *ALGORITHMS.values()}:
+    for cls in {LocalSettings, *(record.settings for record in ALGORITHMS.values())}:
         for f in fields(cls):
             row = rows.get(f"`{f.name}`")
             assert row is not None, f"README has no table row for {cls.__name__}.{f.name}"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from reinforge_backend_local.baselines import Baseline, cluster_key
+from reinforge_backend_local.online.baselines import Baseline, cluster_key
 
 
 def test_cluster_key_ignores_whitespace_but_not_roles_or_words():

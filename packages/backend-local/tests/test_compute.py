@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from reinforge_backend_local.compute import compute_executor, in_passing_thread, on_compute_thread
+from reinforge_backend_local.model.compute import compute_executor, in_passing_thread, on_compute_thread
 
 
 def test_on_compute_thread_runs_there_and_inline_when_already_there():
@@ -39,7 +39,7 @@ BUILD_ON_MAIN_THREAD = """
 import os, types
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
-from reinforge_backend_local.engine import Engine
+from reinforge_backend_local.inference.engine import Engine
 
 torch.set_num_threads(2)
 config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -54,7 +54,7 @@ print(before, len(os.listdir("/proc/self/task")))
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through Linux's /proc")
 def test_building_the_engine_starts_no_openmp_team_on_the_callers_thread():
-    """Policy builds its engine on the caller's thread; tensor work there would give that thread an
+    """PolicyRuntime builds its engine on the caller's thread; tensor work there would give that thread an
     OpenMP team of its own (one more OS thread), and every parallel region of the compute thread got
     2-4x slower for the rest of the process (measured: a bf16 decode step 58 -> 31 ms without it)."""
     out = subprocess.run([sys.executable, "-c", BUILD_ON_MAIN_THREAD], capture_output=True, text=True, timeout=120)

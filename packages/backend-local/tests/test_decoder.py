@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from reinforge.config import ModelConfig
-from reinforge_backend_local.decoder import LlamaDecoder, unsupported_reason
-from reinforge_backend_local.engine import Engine, GenRequest
-from reinforge_backend_local.modeling import load_policy
-from reinforge_backend_local.packing import Packer, available
-from reinforge_backend_local.policy import ChatTemplate
-from reinforge_backend_local.weights import attach_lora, merged_for_decode
+from reinforge_backend_local.inference.decoder import LlamaDecoder, unsupported_reason
+from reinforge_backend_local.inference.engine import Engine, GenRequest
+from reinforge_backend_local.inference.policy import ChatTemplate
+from reinforge_backend_local.model.modeling import load_policy
+from reinforge_backend_local.model.packing import Packer, available
+from reinforge_backend_local.model.weights import attach_lora, merged_for_decode
 
 SYSTEM = "You are a careful calculator. Reply with just the number."
 ATOL = 2e-3  # logits are O(10); float32 summation order differs between the two paths
@@ -186,7 +186,7 @@ def test_other_architectures_fall_back_to_the_hf_forward():
 
 def test_an_episode_reuses_its_conversation_so_far_and_gets_the_logits_of_a_fresh_prefill(policy, poisoned_caches):
     """Within-episode KV reuse: turn 2 copies turn 1's keys and values and runs only what is new."""
-    from reinforge_backend_local.decoder import KnownTokens
+    from reinforge_backend_local.inference.decoder import KnownTokens
 
     model, tok = policy
     questions = ("What is 347 * 28?", "What is 9 + 4?", "What is 5120 - 318?")
@@ -251,7 +251,7 @@ def test_the_engine_reuses_an_episode_until_it_is_forgotten(policy, poisoned_cac
 
 
 def test_the_gqa_flag_read_off_the_version_matches_what_sdpa_accepts():
-    from reinforge_backend_local.decoder import _sdpa_has_gqa
+    from reinforge_backend_local.inference.decoder import _sdpa_has_gqa
 
     q = torch.zeros(1, 2, 1, 4)
     try:

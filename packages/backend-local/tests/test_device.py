@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from reinforge.plugin import ConfigError
-from reinforge_backend_local import checkpoint
 from reinforge_backend_local.backend import LocalBackend, LocalSettings
-from reinforge_backend_local.modeling import device_problem, load_policy, resolve_device, resolve_dtype
+from reinforge_backend_local.model import checkpoint
+from reinforge_backend_local.model.modeling import device_problem, load_policy, resolve_device, resolve_dtype
 
 
 def check(**backend_args: object) -> LocalSettings:

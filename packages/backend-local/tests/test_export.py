@@ -16,8 +16,8 @@ import torch
 from reinforge import JudgeOutput, WorkflowOutput, tune
 from reinforge.cli import main
 from reinforge.config import AlgorithmConfig, DatasetConfig, ModelConfig
-from reinforge_backend_local import checkpoint
-from reinforge_backend_local.export import export_run
+from reinforge_backend_local.model import checkpoint
+from reinforge_backend_local.serve.export import export_run
 
 PROMPTS = ["What is 2 + 2?", "Name a colour.", "Say hello.", "What is the capital of France?", "Count to three."]
 NEW_TOKENS = 8
@@ -82,8 +82,8 @@ def reference(run_dir, model_folder):
     from peft import set_peft_model_state_dict
     from peft.utils import load_peft_weights
 
-    from reinforge_backend_local.modeling import load_policy
-    from reinforge_backend_local.weights import attach_lora
+    from reinforge_backend_local.model.modeling import load_policy
+    from reinforge_backend_local.model.weights import attach_lora
 
     model, tokenizer, _ = load_policy(str(model_folder))
     model = attach_lora(model, ModelConfig(model_path=str(model_folder), **LORA))

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from reinforge_backend_local import layout
+from reinforge_backend_local.training import layout
 
 SYSTEM = list(range(100, 140))  # a 40-token system prompt the prompts below start with
 
@@ -126,7 +126,7 @@ def test_each_real_position_is_one_segments_query_and_back_inverts_queries():
 def test_segment_attention_equals_the_rows_dense_masked_attention_and_its_gradients():
     import torch.nn.functional as F
 
-    from reinforge_backend_local.attention import _attention, segmented
+    from reinforge_backend_local.training.attention import _attention, segmented
 
     _, _, packed = _segment_case()
     rows, width = packed.ids.shape

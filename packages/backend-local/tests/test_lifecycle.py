@@ -89,7 +89,7 @@ def test_a_batch_where_every_rollout_fails_ends_the_run_once_as_failed(model_fol
 
 
 def test_an_exception_inside_a_step_ends_the_run_once_as_failed(model_folder, data, tmp_path, recorded, monkeypatch):
-    from reinforge_backend_local.trainer import Trainer
+    from reinforge_backend_local.training.trainer import Trainer
 
     pm, recorder = recorded
     real_step, calls = Trainer.step, []
@@ -185,7 +185,7 @@ def test_a_finished_run_reports_every_step_and_starts_and_ends_once(model_folder
 def test_matmul_dtype_auto_is_resolved_for_the_cpu_and_recorded(
     model_folder, data, tmp_path, recorded, monkeypatch, native
 ):
-    from reinforge_backend_local import packing
+    from reinforge_backend_local.model import packing
 
     if native and not packing.bf16_packable():
         pytest.skip("oneDNN packs no bf16 weights on this CPU (AVX2 only): auto resolves to float32 here")
@@ -200,7 +200,7 @@ def test_matmul_dtype_auto_is_resolved_for_the_cpu_and_recorded(
 
 
 def test_train_state_round_trips_and_reads_the_0_2_state_json():
-    from reinforge_backend_local.session import TrainState
+    from reinforge_backend_local.training.state import TrainState
 
     state = TrainState(step=3, epoch=1, offset=2)
     assert TrainState.from_json(json.loads(json.dumps(state.to_json()))) == state
@@ -212,7 +212,7 @@ class SlowEvaluation:
     """Moves the run's budget clock 10 minutes on at each evaluation after step 0 (no sleeping)."""
 
     def __init__(self, monkeypatch):
-        import reinforge_backend_local.session as session
+        import reinforge_backend_local.training.session as session
 
         self.offset = 0.0
         real = session._clock

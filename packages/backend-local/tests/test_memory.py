@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from reinforge_backend_local.memory import fix_mmap_threshold, keep_heap_top, limit_malloc_arenas
+from reinforge_backend_local.model.memory import fix_mmap_threshold, keep_heap_top, limit_malloc_arenas
 
 glibc = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and malloc_trim")
 
@@ -43,7 +43,7 @@ def test_glibc_accepts_the_arena_limit(monkeypatch):
 # threshold so they come from the heap; all but the last are freed, so the free pages sit below a live block
 # and glibc's automatic trim of the heap's top cannot return them. release_free_memory() must.
 _HEAP_IN_THE_MIDDLE = """
-from reinforge_backend_local.memory import configure_malloc, release_free_memory
+from reinforge_backend_local.model.memory import configure_malloc, release_free_memory
 
 def rss_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
@@ -70,7 +70,7 @@ def test_release_free_memory_returns_freed_heap_pages_below_a_live_block(monkeyp
 # release that keeps up to 1 GiB free leaves them there; one that keeps nothing returns them.
 _REUSE = """
 import resource
-from reinforge_backend_local.memory import configure_malloc, free_heap_bytes, release_free_memory
+from reinforge_backend_local.model.memory import configure_malloc, free_heap_bytes, release_free_memory
 
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -103,7 +103,7 @@ def test_freed_blocks_are_reused_without_new_page_faults_until_released(monkeypa
 
 _TIGHT = """
 import resource
-from reinforge_backend_local.memory import configure_malloc
+from reinforge_backend_local.model.memory import configure_malloc
 
 def touch_and_free():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -18,7 +18,7 @@ from local_testlib import SCRIPTED, SWAP_KEY, FakeAdmin, reward, trained
 import reinforge_backend_local.plugin as local_plugin
 from reinforge.plugin import ConfigError
 from reinforge.testing import BackgroundServer
-from reinforge_backend_local.online_committer import (
+from reinforge_backend_local.online.committer import (
     LocalCommitter,
     LocalCommitterSettings,
     SwapError,
@@ -421,7 +421,7 @@ def test_the_worker_ends_with_a_gateway_that_is_killed(tmp_path, admin):
     script = f"""
 import sys, time
 sys.path.insert(0, {str(Path(__file__).parent)!r})
-from reinforge_backend_local.online_committer import LocalCommitter, LocalCommitterSettings, options_of
+from reinforge_backend_local.online.committer import LocalCommitter, LocalCommitterSettings, options_of
 options = {{**options_of(LocalCommitterSettings(admin_key_env="K")), "trainer": "local_testlib:scripted_trainer"}}
 sink = LocalCommitter({str(tmp_path / "run")!r}, admin_url={server.base!r}, admin_key="k", options=options)
 sink.status()

@@ -1,7 +1,7 @@
 """reinforge-online's ``local`` committer with its real parts: the real SmolLM2 served by ``reinforge serve``
 (uvicorn on 127.0.0.1), the real gateway in front of it (the committer found through online's
 ``register_committers`` hook), the openai client, feedback over HTTP, and the real
-:class:`~reinforge_backend_local.adapter_trainer.AdapterTrainer` in the committer's spawned worker process;
+:class:`~reinforge_backend_local.training.adapter_trainer.AdapterTrainer` in the committer's spawned worker process;
 versions checked on a run file made of the math example (its workflow, judges and 8 test questions).
 
 ``test_online_committer.py`` runs the same committer with a scripted trainer.
@@ -49,8 +49,8 @@ def test_traffic_through_the_gateway_trains_a_version_that_is_then_served(
     import openai
 
     from reinforge.plugin import load_settings
-    from reinforge_backend_local.adapter_trainer import AdapterTrainer
-    from reinforge_backend_local.online_committer import LocalCommitter
+    from reinforge_backend_local.online.committer import LocalCommitter
+    from reinforge_backend_local.training.adapter_trainer import AdapterTrainer
     from reinforge_online.app import build_app
     from reinforge_online.config import OnlineSettings, resolve_secrets
 
@@ -154,7 +154,7 @@ def test_traffic_through_the_gateway_trains_a_version_that_is_then_served(
 
 def test_a_batch_split_into_mini_batches_takes_one_optimizer_step_each(tmp_path: Path, model_folder: Any) -> None:
     from reinforge.plugin import ConfigError
-    from reinforge_backend_local.adapter_trainer import AdapterTrainer
+    from reinforge_backend_local.training.adapter_trainer import AdapterTrainer
 
     samples = [
         {"prompt_ids": [1, 2, 3 + i], "completion_ids": [40 + i, 41], "old_logprobs": [-1.0, -1.0], "advantage": a}
@@ -171,7 +171,7 @@ def test_a_batch_split_into_mini_batches_takes_one_optimizer_step_each(tmp_path:
 
 
 def test_a_half_written_checkpoint_a_crash_left_is_not_the_latest(tmp_path: Path) -> None:
-    from reinforge_backend_local import checkpoint
+    from reinforge_backend_local.model import checkpoint
 
     for name, complete in (
         ("step-1", True),
@@ -247,9 +247,9 @@ def test_versions_are_checked_lent_and_restored_exactly(tmp_path: Path, model_fo
 
     from reinforge.plugin import ModelConfig, get_plugin_manager
     from reinforge.testing import HookRecorder
-    from reinforge_backend_local.adapter_trainer import AdapterTrainer
-    from reinforge_backend_local.compute import on_compute_thread
-    from reinforge_backend_local.version_check import CheckTimeout, check_version
+    from reinforge_backend_local.model.compute import on_compute_thread
+    from reinforge_backend_local.online.version_check import CheckTimeout, check_version
+    from reinforge_backend_local.training.adapter_trainer import AdapterTrainer
 
     lora = ModelConfig(model_path=str(model_folder), lora_rank=4, lora_alpha=8)
     trainer = on_compute_thread(
@@ -317,7 +317,7 @@ def test_versions_are_checked_lent_and_restored_exactly(tmp_path: Path, model_fo
 def test_the_committer_checks_versions_in_its_worker(tmp_path: Path, model_folder: Any) -> None:
     from local_testlib import SWAP_KEY, FakeAdmin
 
-    from reinforge_backend_local.online_committer import LocalCommitter, LocalCommitterSettings, options_of
+    from reinforge_backend_local.online.committer import LocalCommitter, LocalCommitterSettings, options_of
     from reinforge_online.versions import CheckResult, CheckSpec
 
     fake = FakeAdmin()
@@ -362,7 +362,7 @@ def test_a_run_folder_from_before_versions_gets_its_step_0(tmp_path: Path, model
     import torch
 
     from reinforge.plugin import ModelConfig
-    from reinforge_backend_local.adapter_trainer import AdapterTrainer
+    from reinforge_backend_local.training.adapter_trainer import AdapterTrainer
 
     lora = ModelConfig(model_path=str(model_folder), lora_rank=4, lora_alpha=8)
     run = tmp_path / "run"

@@ -5,9 +5,9 @@ import torch
 
 from reinforge.config import ModelConfig
 from reinforge.plugin import ConfigError
-from reinforge_backend_local import packing
-from reinforge_backend_local.modeling import load_policy
-from reinforge_backend_local.weights import attach_lora
+from reinforge_backend_local.model import packing
+from reinforge_backend_local.model.modeling import load_policy
+from reinforge_backend_local.model.weights import attach_lora
 
 pytestmark = pytest.mark.skipif(not packing.available(), reason="oneDNN is not available in this torch build")
 

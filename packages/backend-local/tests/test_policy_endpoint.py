@@ -10,14 +10,14 @@ from reinforge.config import ModelConfig
 from reinforge.rewards import JudgeSlot, RewardComposer
 from reinforge.runner import Runner, RunnerSettings
 from reinforge.signatures import bind
-from reinforge_backend_local.session import Policy
+from reinforge_backend_local.rollouts.runtime import PolicyRuntime
 
 QUESTION = [{"role": "user", "content": "Say hello."}]
 
 
 @pytest.fixture(scope="module")
 def policy(model_folder):
-    p = Policy(ModelConfig(model_path=str(model_folder), max_tokens=6), max_batch=64, window_s=0.05, lora=True)
+    p = PolicyRuntime(ModelConfig(model_path=str(model_folder), max_tokens=6), max_batch=64, window_s=0.05, lora=True)
     yield p
     p.close()
 
@@ -240,7 +240,7 @@ def test_unknown_and_finished_rollouts_and_other_paths_are_openai_404s(policy):
 def test_the_endpoint_starts_on_a_free_port_and_stops():
     import httpx
 
-    from reinforge_backend_local.endpoint import PolicyEndpoint
+    from reinforge_backend_local.rollouts.endpoint import PolicyEndpoint
 
     first, second = PolicyEndpoint("m").start(), PolicyEndpoint("m").start()
     try:

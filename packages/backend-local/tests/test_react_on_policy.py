@@ -9,13 +9,13 @@ from reinforge.config import ModelConfig
 from reinforge.rewards import JudgeSlot, RewardComposer
 from reinforge.runner import Runner, RunnerSettings
 from reinforge.signatures import bind
-from reinforge_backend_local.session import Policy
+from reinforge_backend_local.rollouts.runtime import PolicyRuntime
 from reinforge_rollouts_react import react_workflow
 
 
 @pytest.fixture(scope="module")
 def policy(model_folder):
-    p = Policy(ModelConfig(model_path=str(model_folder), max_tokens=12), max_batch=64, window_s=0.05, lora=True)
+    p = PolicyRuntime(ModelConfig(model_path=str(model_folder), max_tokens=12), max_batch=64, window_s=0.05, lora=True)
     yield p
     p.close()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reinforge_backend_local.run_versions import INITIAL, RunVersions, UnknownVersion, step_of
+from reinforge_backend_local.model.run_versions import INITIAL, RunVersions, UnknownVersion, step_of
 
 
 def checkpoint(run: Path, step: int, batch_id: str, batches: list[str], parent: str = INITIAL) -> Path:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reinforge_backend_local import sampling
+from reinforge_backend_local.inference import sampling
 
 
 def _one_sum_draw(logits: torch.Tensor, uniforms: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,9 @@ import pytest
 import torch
 from test_decoder import ATOL, _prompt  # the decoder tests' tolerance and prompts
 
-from reinforge_backend_local.decoder import DecodeSession, LlamaDecoder
-from reinforge_backend_local.engine import Engine, GenRequest
-from reinforge_backend_local.scheduler import Scheduler
+from reinforge_backend_local.inference.decoder import DecodeSession, LlamaDecoder
+from reinforge_backend_local.inference.engine import Engine, GenRequest
+from reinforge_backend_local.inference.scheduler import Scheduler
 
 
 def _alone(model, prompt, feed):

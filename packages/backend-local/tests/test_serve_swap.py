@@ -41,9 +41,9 @@ def _offline_greedy(model_folder: Path, adapter: Path | None, prompt_ids: list[i
     """The greedy tokens of base (+ adapter merged by peft itself), on the serving engine's code path."""
     from peft import PeftModel
 
-    from reinforge_backend_local import packing
-    from reinforge_backend_local.engine import Engine, GenRequest
-    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.inference.engine import Engine, GenRequest
+    from reinforge_backend_local.model import packing
+    from reinforge_backend_local.model.modeling import load_policy
 
     model, tokenizer, _ = load_policy(str(model_folder))
     if adapter is not None:
@@ -290,7 +290,7 @@ def test_swapper_is_exact(model_folder: Any, adapters: dict[str, Path]) -> None:
     import torch
     from peft import PeftModel
 
-    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.model.modeling import load_policy
     from reinforge_backend_local.serve.model import AdapterSwapper
 
     model, _, _ = load_policy(str(model_folder))
@@ -333,7 +333,7 @@ def test_adapter_given_at_start_swaps_away_exactly(model_folder: Any, adapters: 
     """``--adapter A`` at start merges A the swap's way: swapping to the base model gives the base back exactly."""
     import torch
 
-    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.model.modeling import load_policy
     from reinforge_backend_local.serve.model import load, resolve_source
 
     served = load(resolve_source(str(model_folder), str(adapters["a"])), max_batch=2, max_model_len=512)
@@ -360,7 +360,7 @@ def test_released_weights_serve_packed_and_swap_exactly_from_the_folder(
     import torch
     from peft import PeftModel
 
-    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.model.modeling import load_policy
 
     model, packer, swapper = _packed_model(model_folder)
     assert swapper.release(model_folder) == 7 * model.config.num_hidden_layers  # q k v o gate up down
@@ -387,8 +387,8 @@ def test_projections_served_stacked_swap_exactly_and_cannot_run_alone(
     import torch
     from peft import PeftModel
 
-    from reinforge_backend_local.decoder import LlamaDecoder, projection_groups
-    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.inference.decoder import LlamaDecoder, projection_groups
+    from reinforge_backend_local.model.modeling import load_policy
     from reinforge_backend_local.serve.model import AdapterError
 
     model, packer, swapper = _packed_model(model_folder)
@@ -437,8 +437,8 @@ def _packed_model(model_folder: Any) -> tuple[Any, Any, Any]:
     """The model as serve holds it before :meth:`AdapterSwapper.release`: frozen, its linears on a packer."""
     import threading
 
-    from reinforge_backend_local import packing
-    from reinforge_backend_local.modeling import load_policy
+    from reinforge_backend_local.model import packing
+    from reinforge_backend_local.model.modeling import load_policy
     from reinforge_backend_local.serve.model import AdapterSwapper
 
     if not packing.available():
@@ -478,6 +478,6 @@ def _unpacked(packed: Any, fan_in: int) -> Any:
     """A packed weight as a plain one: the identity times it (each product is exact: one 1, the rest 0)."""
     import torch
 
-    from reinforge_backend_local import packing
+    from reinforge_backend_local.model import packing
 
     return packing.packed_linear(torch.eye(fan_in), packed, None).T.contiguous()

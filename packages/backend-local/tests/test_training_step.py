@@ -6,14 +6,15 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from reinforge.config import AlgorithmConfig, ModelConfig
+from reinforge.config import ModelConfig
 from reinforge.errors import ConfigError
-from reinforge_backend_local import packing
-from reinforge_backend_local.engine import Engine, GenRequest
-from reinforge_backend_local.modeling import load_policy
-from reinforge_backend_local.policy import ChatTemplate
-from reinforge_backend_local.trainer import Sample, Samples, Trainer
-from reinforge_backend_local.weights import attach_lora, merged_for_decode
+from reinforge_backend_local.inference.engine import Engine, GenRequest
+from reinforge_backend_local.inference.policy import ChatTemplate
+from reinforge_backend_local.model import packing
+from reinforge_backend_local.model.modeling import load_policy
+from reinforge_backend_local.model.weights import attach_lora, merged_for_decode
+from reinforge_backend_local.training.algorithms import ALGORITHMS
+from reinforge_backend_local.training.trainer import Sample, Samples, Trainer
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ class Pass:
 
 
 def _run_pass(model, lora, batch, **trainer_args):
-    trainer = Trainer(model, AlgorithmConfig(group_size=2), pad_id=2, peft=True, **trainer_args)
+    trainer = Trainer(model, ALGORITHMS["grpo"], learning_rate=1e-6, pad_id=2, peft=True, **trainer_args)
     parts = trainer._split(batch)
     model.zero_grad(set_to_none=True)
     loss = run = entropy_sum = 0.0
@@ -95,7 +96,7 @@ def _samples(model, tokenizer):
 
 def test_one_grpo_step_changes_only_lora_and_lowers_the_loss(lora_policy):
     model, tokenizer = lora_policy
-    trainer = Trainer(model, AlgorithmConfig(learning_rate=5e-3, group_size=2), temperature=1.0, pad_id=2, peft=True)
+    trainer = Trainer(model, ALGORITHMS["grpo"], learning_rate=5e-3, temperature=1.0, pad_id=2, peft=True)
     samples = _samples(model, tokenizer)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     loss_before = trainer.loss(samples)
@@ -134,7 +135,7 @@ def test_max_model_len_below_the_prompt_is_a_clear_error(lora_policy):
 
 def test_a_non_finite_loss_raises_and_leaves_the_weights_alone(lora_policy):
     model, tokenizer = lora_policy
-    trainer = Trainer(model, AlgorithmConfig(learning_rate=1e-3, group_size=2), temperature=1.0, pad_id=2, peft=True)
+    trainer = Trainer(model, ALGORITHMS["grpo"], learning_rate=1e-3, temperature=1.0, pad_id=2, peft=True)
     samples = _samples(model, tokenizer)
     samples.items[0].old_logprobs[0] = float("nan")
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
@@ -144,7 +145,7 @@ def test_a_non_finite_loss_raises_and_leaves_the_weights_alone(lora_policy):
 
 
 def test_a_hub_id_that_is_not_on_disk_says_how_to_supply_a_folder(tmp_path, monkeypatch):
-    from reinforge_backend_local.modeling import resolve_model_path
+    from reinforge_backend_local.model.modeling import resolve_model_path
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"Qwen/Qwen3-0.6B.*not used.*model_path: DIR"):
@@ -154,28 +155,26 @@ def test_a_hub_id_that_is_not_on_disk_says_how_to_supply_a_folder(tmp_path, monk
         resolve_model_path(str(tmp_path / "folder"))
 
 
-def test_the_trainer_takes_typed_algorithm_settings_or_checks_the_config_keys(lora_policy):
-    from reinforge_backend_local.algorithms import GroupSettings
+def test_the_trainer_takes_the_algorithms_record_and_its_typed_settings(lora_policy):
+    from reinforge_backend_local.training.algorithms import GroupSettings
 
     model, tokenizer = lora_policy
     settings = GroupSettings(kl_coef=0.1, ppo_epochs=2, clip_range=0.1)
-    trainer = Trainer(
-        model, AlgorithmConfig(learning_rate=1e-3), settings, name="gspo", temperature=1.0, pad_id=2, peft=True
-    )
-    assert trainer.name == "gspo" and trainer.settings is settings
+    gspo = ALGORITHMS["gspo"]
+    trainer = Trainer(model, gspo, settings, learning_rate=1e-3, temperature=1.0, pad_id=2, peft=True)
+    assert trainer.algorithm is gspo and trainer.settings is settings
     metrics = trainer.step(_samples(model, tokenizer))
     assert metrics["kl"] >= 0.0 and metrics["grad_norm"] > 0
-    # given only core's AlgorithmConfig, its loss keys are checked like a run file's
-    config = AlgorithmConfig(algorithm_type="reinforce++", kl_coef=0.05)
-    trainer = Trainer(model, config, temperature=1.0, pad_id=2, peft=True)
-    assert trainer.name == "reinforce_pp" and trainer.settings.kl_coef == 0.05
-    with pytest.raises(ConfigError, match=r"algorithm\.max_grad_norm: must be greater than 0"):
-        Trainer(model, AlgorithmConfig(max_grad_norm=0.0), temperature=1.0, pad_id=2, peft=True)
+    # no settings: the record's defaults (the keys are checked once, by core, for a run file)
+    trainer = Trainer(model, ALGORITHMS["reinforce_pp"], learning_rate=1e-3, temperature=1.0, pad_id=2, peft=True)
+    assert type(trainer.settings) is ALGORITHMS["reinforce_pp"].settings and trainer.settings.kl_coef == 0.0
+    with pytest.raises(ConfigError, match=r"max_grad_norm: must be greater than 0"):
+        GroupSettings(max_grad_norm=0.0)
 
 
 def test_a_shared_prompt_prefix_runs_once_with_the_same_loss_and_lora_gradients(lora_policy):
     """Prefix sharing in training is exact: the rows' gradients through the one prefix forward add up."""
-    from reinforge_backend_local.trainer import shared_prefix
+    from reinforge_backend_local.training.trainer import shared_prefix
 
     model, tokenizer = lora_policy
     template = ChatTemplate(tokenizer, 512)
@@ -207,7 +206,9 @@ def test_each_sample_is_scored_at_its_own_temperature(lora_policy):
             Sample(s.prompt_ids, s.completion_ids, s.old_logprobs, s.advantage, temperature=t)
             for s, t in zip(items, sample_temperatures)
         ]
-        trainer = Trainer(model, AlgorithmConfig(group_size=2), temperature=trainer_temperature, pad_id=2, peft=True)
+        trainer = Trainer(
+            model, ALGORITHMS["grpo"], learning_rate=1e-6, temperature=trainer_temperature, pad_id=2, peft=True
+        )
         with torch.no_grad():
             return trainer._forward_logprobs(model, batch)[0]
 
@@ -222,7 +223,7 @@ def test_each_sample_is_scored_at_its_own_temperature(lora_policy):
 
 
 def test_chunked_logprobs_equal_the_log_softmax_entries():
-    from reinforge_backend_local.trainer import completion_logprobs
+    from reinforge_backend_local.training.trainer import completion_logprobs
 
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 300, bias=False)
@@ -238,7 +239,7 @@ def test_chunked_logprobs_equal_the_log_softmax_entries():
 
 def test_a_frozen_head_gives_the_log_softmax_entries_and_their_gradient():
     """The fused pass (one exp per logit, softmax kept for backward) against autograd through log_softmax."""
-    from reinforge_backend_local.trainer import completion_logprobs
+    from reinforge_backend_local.training.trainer import completion_logprobs
 
     torch.manual_seed(1)
     head = torch.nn.Linear(16, 300, bias=False).requires_grad_(False)
@@ -262,7 +263,7 @@ def test_a_frozen_head_gives_the_log_softmax_entries_and_their_gradient():
 
 def test_the_lm_head_on_completion_tokens_only_gives_the_full_logits_loss_and_gradients(lora_policy, monkeypatch):
     """The trainer's own LM head pass (real completion tokens, in chunks) against the model's padded logits."""
-    from reinforge_backend_local import trainer as trainer_module
+    from reinforge_backend_local.training import trainer as trainer_module
 
     model, tokenizer = lora_policy
     template = ChatTemplate(tokenizer, 512)
@@ -329,7 +330,7 @@ def test_bf16_matmuls_with_the_sampler_correction_stay_within_bounds_of_float32(
     of its norm, cosine at least 0.97 (measured: 0.009; 6-12%: bf16 keeps 8 bits of mantissa, its
     logprobs differ by up to ~0.1 here, and these gradients of a 4-sample batch are small).
     """
-    from reinforge_backend_local import packing
+    from reinforge_backend_local.model import packing
 
     model, tokenizer, _ = load_policy(str(model_folder))
     model = attach_lora(model, ModelConfig(model_path=str(model_folder), lora_rank=8, lora_alpha=16))
@@ -351,7 +352,7 @@ def test_bf16_matmuls_with_the_sampler_correction_stay_within_bounds_of_float32(
         advs = [1.0, -1.0, 0.5, -0.5]
         sampled = [Sample(r.prompt_ids, g.token_ids, g.logprobs, a) for r, g, a in zip(requests, results, advs)]
         use(full)
-        reference = Trainer(model, AlgorithmConfig(group_size=2), temperature=1.0, pad_id=2, peft=True)
+        reference = Trainer(model, ALGORITHMS["grpo"], learning_rate=1e-6, temperature=1.0, pad_id=2, peft=True)
         with torch.no_grad():
             logp32, _, cmask = reference._forward_logprobs(model, sampled)
         on_policy = [

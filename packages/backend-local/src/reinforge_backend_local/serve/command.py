@@ -53,7 +53,7 @@ def _check(args: argparse.Namespace) -> None:
         raise ConfigError(f"--kv-cache-mb must be positive, got {args.kv_cache_mb}")
     if args.max_body_mb <= 0:
         raise ConfigError(f"--max-body-mb must be positive, got {args.max_body_mb}")
-    from ..modeling import device_problem
+    from ..model.modeling import device_problem
 
     problem = device_problem(args.device)
     if problem:
@@ -64,7 +64,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def build(args: argparse.Namespace) -> Any:
     """The ASGI app for ``args`` (model loaded), without binding anything."""
-    from ..compute import in_passing_thread
+    from ..model.compute import in_passing_thread
     from . import auth
     from .app import build_app
     from .metrics import Metrics

@@ -13,13 +13,13 @@ from typing import Any
 
 from reinforge.plugin import ConfigError
 
-from .. import checkpoint, packing
-from ..decoder import projection_groups
-from ..engine import Engine
-from ..memory import limit_malloc_arenas
-from ..modeling import ALIASES, DEFAULT_MODEL, GGUF_MODELS, load_policy
-from ..policy import ChatTemplate
-from ..scheduler import Scheduler
+from ..inference.decoder import projection_groups
+from ..inference.engine import Engine
+from ..inference.policy import ChatTemplate
+from ..inference.scheduler import Scheduler
+from ..model import checkpoint, packing
+from ..model.memory import limit_malloc_arenas
+from ..model.modeling import ALIASES, DEFAULT_MODEL, GGUF_MODELS, load_policy
 
 
 @dataclass
@@ -166,7 +166,7 @@ class AdapterSwapper:
         (about 0.43 GB of SmolLM2-135M's 0.54). A swap reads the base weights back from the
         model folder's safetensors. Only for weights equal to the folder's (no full fine-tune
         loaded over them) and not tied to the embedding. Each of ``groups`` (modules that read
-        the same input, :func:`~..decoder.projection_groups`) is pinned as one stacked weight.
+        the same input, :func:`~..inference.decoder.projection_groups`) is pinned as one stacked weight.
         With ``map_embedding`` the embedding table is read from the file's pages (:meth:`_map_embedding`).
         """
         import torch

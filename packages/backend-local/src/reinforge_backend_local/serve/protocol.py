@@ -46,7 +46,7 @@ class Sampling:
     seed: int | None = None
 
     def as_dict(self, default_max_tokens: int) -> dict[str, Any]:
-        """The ``sampling`` argument of :func:`~reinforge_backend_local.policy.sampling_request`."""
+        """The ``sampling`` argument of :func:`~reinforge_backend_local.inference.policy.sampling_request`."""
         out: dict[str, Any] = {"max_tokens": self.max_tokens or default_max_tokens, "stop": self.stop}
         if self.temperature is not None:
             out["temperature"] = self.temperature

@@ -6,8 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..engine import GenResult
-from ..scheduler import Stream, TokenEvent
+from ..inference.engine import GenResult
+from ..inference.scheduler import Stream, TokenEvent
 
 
 class TextDeltas:

@@ -14,7 +14,7 @@ makes any kept version the trainer's current state again (weights, optimizer, RN
 next checkpoint still gets a new step number. :meth:`AdapterTrainer.swap_in` lends a version's weights
 for a while (a check of that version) and :meth:`AdapterTrainer.put_back` restores the current ones
 exactly. The bookkeeping (which batch each checkpoint trained, what was served, where training stands
-after a restart) is :mod:`~reinforge_backend_local.run_versions`.
+after a restart) is :mod:`~reinforge_backend_local.model.run_versions`.
 
 A batch is trained once: each checkpoint's ``state.json`` names the batch it trained, so a batch sent
 again after a crash (the outbox resends it with the same id) finds its checkpoint instead of training
@@ -35,15 +35,15 @@ from typing import Any
 
 import torch
 
-from reinforge.plugin import AlgorithmConfig, ConfigError, ModelConfig
+from reinforge.plugin import ConfigError, ModelConfig
 
-from . import checkpoint, packing
-from .algorithms import GroupSettings, LossSettings
-from .memory import configure_malloc, release_free_memory
-from .modeling import DEFAULT_MODEL, load_policy
-from .run_versions import INITIAL, RunVersions, step_name
+from ..model import checkpoint, packing
+from ..model.memory import configure_malloc, release_free_memory
+from ..model.modeling import DEFAULT_MODEL, load_policy
+from ..model.run_versions import INITIAL, RunVersions, step_name
+from ..model.weights import attach_lora
+from .algorithms import ALGORITHMS, GroupSettings, LossSettings
 from .trainer import Sample, Samples, Trainer
-from .weights import attach_lora
 
 __all__ = ["AdapterTrainer"]
 
@@ -100,12 +100,11 @@ class AdapterTrainer:
         if self.packer is not None:
             packing.install(model, self.packer)  # the frozen layers train on prepacked weights (and decode on them)
         self.model = model
-        algo = AlgorithmConfig(algorithm_type="grpo", learning_rate=learning_rate)
         self.trainer = Trainer(
             model,
-            algo,
+            ALGORITHMS["grpo"],
             loss or GroupSettings(),
-            name="grpo",
+            learning_rate=learning_rate,
             temperature=1.0,  # each sample carries its request's own temperature
             pad_id=_pad_id(tokenizer),
             micro_batch_tokens=micro_batch_tokens,

@@ -1,34 +1,39 @@
-"""The local backend's algorithms: their settings (the keys under ``algorithm:``) and their advantages.
+"""The local backend's algorithms: one :class:`Algorithm` record per name, in :data:`ALGORITHMS`.
 
-Every algorithm shares one loss, PPO-clip against the generation-time
-logprobs with an optional k3 KL term (:class:`LossSettings`); the GRPO-like
-ones also choose how rewards are scaled (:class:`GroupSettings`). Core checks
-a run's keys against :data:`ALGORITHMS` before any model loads.
+A record says everything the backend knows about an algorithm: the settings of its
+loss (the keys under ``algorithm:``, :class:`LossSettings` and its subclasses), its
+advantage function, and the flags the trainer reads (group-relative, sequence-level
+ratio, per-call weighting, call rewards). Core's validation reads the settings classes
+(``LocalBackend.algorithms``) and the trainer reads the same record: no name is
+checked anywhere else.
 
-Each advantage function takes one list of rewards per group and returns one
-list of advantages per group. Groups whose rewards are all equal carry no
-signal for group-relative methods; ``zero_variance`` finds them so the
-trainer can skip and count them.
+Every algorithm shares one loss, PPO-clip against the generation-time logprobs with
+an optional k3 KL term; the GRPO-like ones also choose how rewards are scaled
+(:class:`GroupSettings`). Each advantage function takes one list of rewards per
+group and the scaling, and returns one list of advantages per group. Groups whose
+rewards are all equal carry no signal for group-relative methods;
+:func:`zero_variance` finds them so the trainer can skip and count them.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from reinforge.plugin import ConfigError, Settings, at_least, finite, one_of
 
 __all__ = [
     "ALGORITHMS",
     "ALGORITHM_ALIASES",
+    "Algorithm",
     "GroupSettings",
     "LossSettings",
     "MultiStepSettings",
     "advantages",
+    "algorithm",
     "call_advantages",
-    "resolve",
     "zero_variance",
 ]
 
@@ -98,34 +103,6 @@ class MultiStepSettings(GroupSettings):
         finite("call_reward_weight", self.call_reward_weight)
 
 
-ALGORITHMS: dict[str, type[LossSettings]] = {
-    "grpo": GroupSettings,
-    "multi_step_grpo": MultiStepSettings,  # the trajectory's advantage on every model call, plus call rewards
-    "rloo": LossSettings,  # leave-one-out baseline
-    "reinforce_pp": LossSettings,  # group-mean baseline, normalized over the batch
-    "gspo": GroupSettings,  # one (geometric-mean) ratio per sequence
-    "ppo": GroupSettings,  # GRPO's advantages, several epochs per batch (no critic)
-}
-ALGORITHM_ALIASES = {"reinforce++": "reinforce_pp", "reinforce_plus_plus": "reinforce_pp"}
-
-
-def resolve(algo: Any, settings: LossSettings | None = None, name: str | None = None) -> tuple[str, LossSettings]:
-    """The canonical algorithm name and its loss settings, for a core ``AlgorithmConfig``.
-
-    A backend run passes ``job.algorithm_name`` and ``job.algorithm_settings``
-    (checked by core); code that builds a :class:`~reinforge_backend_local.trainer.Trainer`
-    directly passes only the ``AlgorithmConfig`` and its keys are checked here.
-    """
-    if name is None or settings is None:
-        from .backend import LocalBackend
-
-        backend = LocalBackend()
-        name = name or backend.algorithm_name(algo, where="algorithm")
-        if settings is None:
-            settings = backend.check_algorithm(algo, where="algorithm") or ALGORITHMS[name]()
-    return name, settings
-
-
 def _std(values: list[float]) -> float:
     return statistics.pstdev(values) if len(values) > 1 else 0.0
 
@@ -147,8 +124,8 @@ def grpo(groups: list[list[float]], scale_rewards: str = "group") -> list[list[f
     return [[a / (_std(g) + EPS) for a in c] for g, c in zip(groups, centered)]
 
 
-def rloo(groups: list[list[float]]) -> list[list[float]]:
-    """Leave-one-out baseline: r_i minus the mean of the other members' rewards."""
+def rloo(groups: list[list[float]], scale_rewards: str = "group") -> list[list[float]]:
+    """Leave-one-out baseline: r_i minus the mean of the other members' rewards (no scaling to choose)."""
     out = []
     for g in groups:
         if len(g) < 2:
@@ -158,8 +135,8 @@ def rloo(groups: list[list[float]]) -> list[list[float]]:
     return out
 
 
-def reinforce_pp(groups: list[list[float]]) -> list[list[float]]:
-    """REINFORCE++ baseline: subtract the group mean, then normalize over the whole batch."""
+def reinforce_pp(groups: list[list[float]], scale_rewards: str = "group") -> list[list[float]]:
+    """REINFORCE++ baseline: subtract the group mean, then normalize over the whole batch (no scaling to choose)."""
     centered = [[r - statistics.fmean(g) for r in g] for g in groups]
     flat = [a for g in centered for a in g]
     mean, std = statistics.fmean(flat), _std(flat)
@@ -186,18 +163,58 @@ def call_advantages(groups: list[list[float]], scale_rewards: str = "group", wei
     return out
 
 
-def advantages(algorithm: str, groups: list[list[float]], scale_rewards: str = "group") -> list[list[float]]:
-    """Dispatch by the canonical algorithm name; gspo and ppo use GRPO's advantages."""
-    if algorithm in ("grpo", "multi_step_grpo", "gspo", "ppo"):
-        out = grpo(groups, scale_rewards)
-    elif algorithm == "rloo":
-        out = rloo(groups)
-    elif algorithm == "reinforce_pp":
-        out = reinforce_pp(groups)
-    else:
-        raise ConfigError(f"algorithm.algorithm_type {algorithm!r} is not one of {', '.join(ALGORITHMS)}")
+def advantages(algorithm: Algorithm, groups: list[list[float]], scale_rewards: str = "group") -> list[list[float]]:
+    """``algorithm``'s advantages for ``groups``; a non-finite one is an error (a reward was inf or nan)."""
+    out = algorithm.advantages(groups, scale_rewards)
     for g in out:
         for a in g:
             if not math.isfinite(a):
                 raise FloatingPointError(f"non-finite advantage from rewards {groups}")
     return out
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One algorithm of the local backend: its settings, its advantages and how the trainer treats it.
+
+    :ivar name: the canonical ``algorithm_type``.
+    :ivar settings: the settings class of the keys under ``algorithm:`` (checked by core before any model loads).
+    :ivar advantages: ``(groups of rewards, scale_rewards) -> groups of advantages``.
+    :ivar group_relative: a group whose rewards are all equal carries no signal: skipped and counted.
+    :ivar sequence_ratio: one PPO ratio per sequence, the geometric mean of its token ratios (GSPO).
+    :ivar per_call_weight: each call of a trajectory weighs ``1 / calls``, so long episodes do not dominate.
+    :ivar call_rewards: a call's own reward adds its group-relative call advantage
+        (``settings.call_reward_weight`` times, :func:`call_advantages`).
+    """
+
+    name: str
+    settings: type[LossSettings]
+    advantages: Callable[[list[list[float]], str], list[list[float]]]
+    group_relative: bool = True
+    sequence_ratio: bool = False
+    per_call_weight: bool = False
+    call_rewards: bool = False
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    a.name: a
+    for a in (
+        Algorithm("grpo", GroupSettings, grpo),
+        # the trajectory's advantage on every model call, plus call rewards
+        Algorithm("multi_step_grpo", MultiStepSettings, grpo, per_call_weight=True, call_rewards=True),
+        Algorithm("rloo", LossSettings, rloo),  # leave-one-out baseline
+        # group-mean baseline, normalized over the batch: equal rewards in a group still train against the batch
+        Algorithm("reinforce_pp", LossSettings, reinforce_pp, group_relative=False),
+        Algorithm("gspo", GroupSettings, grpo, sequence_ratio=True),  # one (geometric-mean) ratio per sequence
+        Algorithm("ppo", GroupSettings, grpo),  # GRPO's advantages, several epochs per batch (no critic)
+    )
+}
+ALGORITHM_ALIASES = {"reinforce++": "reinforce_pp", "reinforce_plus_plus": "reinforce_pp"}
+
+
+def algorithm(name: str) -> Algorithm:
+    """The record of ``name`` (an alias resolved), for code that builds a trainer without a run file."""
+    found = ALGORITHMS.get(ALGORITHM_ALIASES.get(name, name))
+    if found is None:
+        raise ConfigError(f"algorithm.algorithm_type {name!r} is not one of {', '.join(ALGORITHMS)}")
+    return found

@@ -7,7 +7,7 @@ exactly like calls through the in-process ``ChatModel``.
 
 It runs on the production HTTP stack (starlette + uvicorn, in a daemon thread
 with its own event loop) and validates requests with ``reinforge serve``'s
-:mod:`.serve.protocol`, so agents see the same errors from both. The work of a
+:mod:`..serve.protocol`, so agents see the same errors from both. The work of a
 call (chat template, generation, detokenization, recording) runs on the
 runner's event loop, where the batcher lives and where in-process calls do the
 same, so the tokenizer and the trajectory are only ever touched from one thread.
@@ -34,10 +34,10 @@ from starlette.routing import Route
 from reinforge import ChatResponse, ModelCall
 from reinforge.plugin import ConfigError
 
-from .engine import GenRequest, GenResult, MicroBatcher
-from .policy import PolicyChatModel, to_response
-from .serve import protocol
-from .serve.protocol import ApiError
+from ..inference.engine import GenRequest, GenResult, MicroBatcher
+from ..inference.policy import PolicyChatModel, to_response
+from ..serve import protocol
+from ..serve.protocol import ApiError
 
 ROUTE = "/rollouts/"
 VERSION_HEADER = "x-policy-version"

@@ -157,7 +157,7 @@ class Scheduler:
 
     def call(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         """Run ``fn()`` on the decode thread between two steps (the process's tensor work stays on one
-        thread: :mod:`~.compute`); its future. Used for the adapter swap."""
+        thread: :mod:`~..model.compute`); its future. Used for the adapter swap."""
         future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._cv:
             if self._closed:

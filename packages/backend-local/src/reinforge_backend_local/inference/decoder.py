@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .packing import Packer, packed_linear
+from ..model.packing import Packer, packed_linear
 
 SUPPORTED_TYPES = {"llama", "mistral", "qwen2"}
 MIN_SHARED_PREFIX = 4  # below this a separate prefix pass costs more than it saves

@@ -6,20 +6,15 @@ import asyncio
 import json
 import math
 import random
-import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from reinforge import ChatResponse
 from reinforge.plugin import (
     ConfigError,
     ModelConfig,
-    RecordingChatModel,
     RunContext,
     RunStatus,
     accuracy_of,
@@ -27,151 +22,24 @@ from reinforge.plugin import (
     tool_use_of,
 )
 
-from . import checkpoint, packing
-from .algorithms import resolve
-from .compute import on_compute_thread
-from .endpoint import PolicyEndpoint
-from .engine import Engine, MicroBatcher
-from .memory import KEEP_FREE, configure_malloc, release_free_memory
+from ..model import checkpoint
+from ..model.compute import on_compute_thread
+from ..model.memory import release_free_memory
+from ..model.modeling import DEFAULT_MODEL
+from ..model.weights import merged_for_decode
+from ..rollouts.runtime import PolicyRuntime
+from .algorithms import ALGORITHMS, LossSettings
 from .metrics_log import MetricsLog
-from .modeling import DEFAULT_MODEL, load_policy, resolve_device, resolve_dtype
-from .policy import ChatTemplate, PolicyChatModel
+from .progress import Progress, eval_line, say, summary_line
+from .state import TrainState
 from .trainer import SAMPLER_WEIGHT_CAP, Trainer, build_samples
-from .weights import attach_lora, merged_for_decode
 
 if TYPE_CHECKING:
     from reinforge.plugin import TuneJob
 
-    from .backend import LocalSettings
+    from ..settings import LocalSettings
 
-
-def _say(message: str) -> None:
-    print(f"reinforge: {message}", file=sys.stderr, flush=True)
-
-
-class Policy:
-    """Model, tokenizer, engine, batcher and endpoint: everything that generates."""
-
-    def __init__(
-        self,
-        mc: ModelConfig,
-        *,
-        max_batch: int,
-        window_s: float,
-        lora: bool,
-        fast_decode: bool = True,
-        kv_cache_mb: float = 1024,
-        prepacked_weights: bool = True,
-        device: str = "auto",
-        keep_free_mb: float = KEEP_FREE / 2**20,
-        matmul_dtype: str = "float32",
-    ) -> None:
-        self.config = mc
-        configure_malloc(int(keep_free_mb * 2**20))  # one arena; freed memory kept for reuse up to keep_free_mb
-        self.device = resolve_device(device)
-        self.dtype = resolve_dtype(mc.dtype, self.device)
-        self.peft = lora and not mc.full_finetune
-        self.name = mc.model_path or DEFAULT_MODEL
-        # loaded, wrapped and packed on the thread that will decode and train with it (.compute)
-        model, tokenizer, self.folder, packer = on_compute_thread(self._load, mc, lora, prepacked_weights, matmul_dtype)
-        self.model = model
-        self.tokenizer = tokenizer
-        # what the packed matmuls run in ("auto" resolved); without packed weights, the model's dtype
-        self.matmul_dtype = "bfloat16" if packer is not None and packer.compute_dtype == torch.bfloat16 else "float32"
-        self.engine = Engine(
-            model,
-            tokenizer,
-            max_model_len=mc.max_model_len,
-            max_batch=max_batch,
-            fast=fast_decode,
-            kv_cache_mb=kv_cache_mb,
-            packer=packer,
-        )
-        self.batcher = MicroBatcher(self.engine, window_s=window_s)
-        self.template = ChatTemplate(tokenizer, mc.max_model_len)
-        self.endpoint = PolicyEndpoint(self.name).start()
-
-    def _load(
-        self, mc: ModelConfig, lora: bool, prepacked_weights: bool, matmul_dtype: str
-    ) -> tuple[Any, Any, Path, Any]:
-        model, tokenizer, folder = load_policy(mc.model_path, dtype=self.dtype, device=str(self.device))
-        if self.peft:
-            model = attach_lora(model, mc)
-        elif lora:
-            model.requires_grad_(True)
-        # oneDNN packing is a CPU layout; on a GPU every layer stays on F.linear
-        on_cpu = self.device.type == "cpu"
-        packer = None
-        if prepacked_weights and on_cpu and packing.available():
-            low = packing.resolve_matmul_dtype(matmul_dtype) == "bfloat16"  # "auto": bf16 where it is native
-            packer = packing.Packer(torch.bfloat16 if low else None)
-        if packer is not None:
-            packing.install(model, packer)  # frozen layers train on the packed weights too
-        return model, tokenizer, folder, packer
-
-    def provider(self, seed_key: tuple, version: int, sampling: dict[str, Any]) -> Callable[[Any], RecordingChatModel]:
-        """A model provider for the runner: each trajectory gets its own recorded policy model."""
-
-        def make(t: Any) -> RecordingChatModel:
-            model = PolicyChatModel(
-                self.batcher,
-                self.template,
-                seed_key=(*seed_key, t.task_index, t.rollout_index, t.attempts),
-                order_key=(t.task_index, t.rollout_index),
-                version=version,
-                model_name=self.name,
-                defaults=sampling,
-                on_release=lambda m: self.endpoint.close_route(m.base_url),
-            )
-            model.base_url = self.endpoint.open_route(model, t)
-            return RecordingChatModel(model, t, sampling)
-
-        return make
-
-    def close(self) -> None:
-        self.endpoint.stop()
-
-
-class StandaloneModel:
-    """A ``ChatModel`` over the base policy for ``reinforge eval`` (no training)."""
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self.policy.batcher.active = 1 << 30  # unknown callers: batch by time window
-        self.model_name = policy.name
-        self.base_url = None
-
-    async def chat(self, messages: list[dict[str, Any]], tools: Any = None, **sampling: Any) -> ChatResponse:
-        from .policy import sampling_request, to_response
-
-        prompt_ids = self.policy.template.prompt_ids(messages, tools)
-        key = (random.getrandbits(62),)
-        request = sampling_request(prompt_ids, sampling, self.policy.config.sampling(), key, key)
-        result = await self.policy.batcher.submit(request)
-        return to_response(result, prompt_ids, 0, self.model_name)
-
-
-def standalone_model(model_cfg: ModelConfig) -> StandaloneModel:
-    return StandaloneModel(Policy(model_cfg, max_batch=64, window_s=0.05, lora=False))
-
-
-@dataclass
-class TrainState:
-    """Where training stands: the last finished step and the position in the shuffled data.
-
-    Saved as a checkpoint's ``state.json``; 0.2's files have the same keys and load as they are.
-    """
-
-    step: int = 0
-    epoch: int = 0  # passes over the train rows begun
-    offset: int = 0  # rows of this epoch's order already used
-
-    def to_json(self) -> dict[str, int]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TrainState:
-        return cls(**{f.name: int(data.get(f.name, 0)) for f in fields(cls)})
+__all__ = ["TrainingSession"]
 
 
 class TrainingSession:
@@ -184,17 +52,15 @@ class TrainingSession:
     """
 
     def __init__(self, job: TuneJob, opts: LocalSettings | None = None) -> None:
-        from .backend import LocalBackend, LocalSettings
-
         self.job = job
         self.run = job.run
-        if opts is None:
-            opts = job.backend_settings
-            if not isinstance(opts, LocalSettings):
-                opts = LocalBackend().check_settings(self.run, where=self.run.source or "run")
-        self.opts = opts
+        if job.algorithm_name is None or (opts is None and job.backend_settings is None):
+            raise ValueError("TrainingSession: the job was built without the local backend's checks (need_backend)")
+        # both checked by core before any model loads (LocalBackend.settings and .algorithms)
+        self.opts: LocalSettings = opts if opts is not None else job.backend_settings
         self.algo = self.run.algorithm
-        self.algorithm_name, self.loss = resolve(self.algo, job.algorithm_settings, job.algorithm_name)
+        self.algorithm = ALGORITHMS[job.algorithm_name]
+        self.loss: LossSettings = job.algorithm_settings or self.algorithm.settings()
         if self.run.train_dataset is None:
             raise ConfigError(f"{self.run.where('train_dataset')}: the local backend needs a train_dataset")
         self.mc = self.run.model or ModelConfig(model_path=DEFAULT_MODEL)
@@ -204,10 +70,10 @@ class TrainingSession:
         self.last_eval: dict[str, Any] | None = None
         self.ctx: RunContext | None = None
         self.run_dir: Path | None = None
-        self.policy: Policy | None = None
+        self.policy: PolicyRuntime | None = None
         self.trainer: Trainer | None = None
         self.log: MetricsLog | None = None
-        self.progress = _Progress(0, enabled=False)
+        self.progress = Progress(0, enabled=False)
         self.rows: list[dict] = []
         self.eval_rows: list[dict] = []
         self.total = 0
@@ -231,7 +97,7 @@ class TrainingSession:
                         except FloatingPointError as exc:
                             self.status = RunStatus.DIVERGED
                             last = checkpoint.latest(self.run_dir) if self.run_dir else None
-                            _say(
+                            say(
                                 f"step {self.state.step + 1}: {exc}; stopping. "
                                 f"Last good checkpoint: {last or 'none (none saved yet)'}"
                             )
@@ -249,7 +115,7 @@ class TrainingSession:
             ctx.summary.update(summary)  # on_run_end gets it also when this backend is run directly
             if self.run_dir is not None:
                 (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-            _say(_summary_line(summary))
+            say(summary_line(summary))
         return summary
 
     def setup(self) -> None:
@@ -276,7 +142,7 @@ class TrainingSession:
         self.run_dir = run_dir = self._run_dir()
         if self.ctx is not None:
             self.ctx.set_run_dir(run_dir)
-        self.policy = policy = Policy(
+        self.policy = policy = PolicyRuntime(
             self.mc,
             max_batch=opts.max_batch,
             window_s=opts.window_s,
@@ -291,9 +157,9 @@ class TrainingSession:
         self.trainer = trainer = on_compute_thread(
             Trainer,
             policy.model,
-            algo,
+            self.algorithm,
             self.loss,
-            name=self.algorithm_name,
+            learning_rate=algo.learning_rate,
             temperature=self.mc.temperature,
             pad_id=policy.engine.pad_id,
             micro_batch=opts.micro_batch,
@@ -315,7 +181,7 @@ class TrainingSession:
             )
             self.state = TrainState.from_json(saved)
             _trim_metrics(run_dir / "metrics.jsonl", self.state.step)
-            _say(f"resumed from {ckpt} at step {self.state.step}")
+            say(f"resumed from {ckpt} at step {self.state.step}")
         else:
             from reinforge.plugin import to_dict
 
@@ -327,9 +193,9 @@ class TrainingSession:
                 config["backend_args"]["matmul_dtype"] = policy.matmul_dtype  # "auto" resolved, likewise
             (run_dir / "config.json").write_text(json.dumps(config, indent=2, default=str))
         self.log = MetricsLog(run_dir, tensorboard=opts.tensorboard)
-        self.progress = _Progress(self.total, enabled=opts.progress)
+        self.progress = Progress(self.total, enabled=opts.progress)
         self.deadline = _clock() + opts.max_minutes * 60 if opts.max_minutes else None
-        _say(f"run folder {run_dir}; policy endpoint {policy.endpoint.root_url}/rollouts/<id>/v1")
+        say(f"run folder {run_dir}; policy endpoint {policy.endpoint.root_url}/rollouts/<id>/v1")
 
     def _keep_going(self) -> bool:
         if self.state.step >= self.total:
@@ -337,7 +203,7 @@ class TrainingSession:
         if self.ctx is not None and self.ctx.stop_requested:
             return False
         if self.deadline is not None and _clock() > self.deadline:
-            _say(f"time budget of {self.opts.max_minutes:g} min reached at step {self.state.step}")
+            say(f"time budget of {self.opts.max_minutes:g} min reached at step {self.state.step}")
             return False
         return True
 
@@ -357,7 +223,7 @@ class TrainingSession:
         runner = self.job.make_runner(model_provider=provider)
         result = self._rollouts(runner, tasks)
         t_roll = time.perf_counter() - t0
-        samples = build_samples(result, algo, self.loss, name=self.algorithm_name)
+        samples = build_samples(result, self.algorithm, self.loss)
         # on the thread that decodes (.compute); hands each micro-batch's freed activations back itself
         train_metrics = on_compute_thread(trainer.step, samples)
         state.step = step
@@ -387,7 +253,7 @@ class TrainingSession:
         due = self.eval_rows and algo.eval_interval_steps and step % algo.eval_interval_steps == 0
         if due and step < self.total and not stopping:
             te = _clock()
-            self._evaluate(step, say=self.progress.note)
+            self._evaluate(step, say_line=self.progress.note)
             if self.deadline is not None:  # max_minutes budgets training: evaluations come on top
                 self.deadline += _clock() - te
         return record
@@ -401,7 +267,7 @@ class TrainingSession:
         if ctx is not None and ctx.stop_requested:
             interrupted = ctx.summary.get("status") == RunStatus.INTERRUPTED
             self.status = RunStatus.INTERRUPTED if interrupted else RunStatus.STOPPED
-            _say(f"stopped at step {step}: {ctx.stop_reason}; resume with: --resume {self.run_dir}")
+            say(f"stopped at step {step}: {ctx.stop_reason}; resume with: --resume {self.run_dir}")
             if interrupted:
                 return  # the user wants out: no evaluation
         if self.eval_rows and (self.last_eval is None or self.last_eval["step"] != step):
@@ -504,7 +370,7 @@ class TrainingSession:
                 record.update({k: v for k, v in result.metrics.items() if not k.startswith("count/")})
         return record
 
-    def _evaluate(self, step: int, say: Any = None) -> dict[str, Any]:
+    def _evaluate(self, step: int, say_line: Any = None) -> dict[str, Any]:
         record = self.evaluate(self.eval_rows, step)
         if step == 0:
             self.first_eval = record
@@ -513,7 +379,7 @@ class TrainingSession:
         self.log.write(record)
         if self.ctx is not None:
             self.ctx.eval_end(record, step=step)
-        (say or _say)(_eval_line(record))
+        (say_line or say)(eval_line(record))
         return record
 
     def _save(self) -> None:
@@ -540,81 +406,3 @@ def _trim_metrics(path: Path, step: int) -> None:
         return
     keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
     path.write_text("".join(line + "\n" for line in keep))
-
-
-def _pct(v: Any) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
-
-
-def _eval_line(record: dict[str, Any]) -> str:
-    line = (
-        f"eval at step {record['step']}: greedy accuracy {_pct(record.get('accuracy/greedy'))}, "
-        f"sampled {_pct(record.get('accuracy/sampled'))}, reward {record.get('reward/mean', float('nan')):.3f}"
-    )
-    if "tool_use/greedy" in record:
-        line += f", tool use {_pct(record['tool_use/greedy'])} (sampled {_pct(record.get('tool_use/sampled'))})"
-    return line
-
-
-def _summary_line(summary: dict[str, Any]) -> str:
-    line = (
-        f"{summary['status']} after {summary['steps']} steps; held-out greedy accuracy "
-        f"{_pct(summary['accuracy_before'])} -> {_pct(summary['accuracy_after'])}"
-    )
-    if summary.get("tool_use_before") is not None or summary.get("tool_use_after") is not None:
-        line += f", tool use {_pct(summary.get('tool_use_before'))} -> {_pct(summary.get('tool_use_after'))}"
-    line += f"; run folder {summary['run_dir']}"
-    if summary.get("stop_reason"):
-        line += f"; stopped: {summary['stop_reason']}"
-    return line
-
-
-class _Progress:
-    """A rich progress bar with step, reward, tokens/s and ETA; plain lines when rich is missing."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total = total
-        self.enabled = enabled
-        self._bar: Any = None
-        self._task: Any = None
-
-    def start(self, done: int) -> None:
-        if not self.enabled:
-            return
-        try:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-        except ImportError:
-            return
-        self._bar = Progress(
-            TextColumn("step {task.completed}/{task.total}"),
-            BarColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            TextColumn("ETA"),
-            TimeRemainingColumn(),
-            transient=False,
-        )
-        self._bar.start()
-        self._task = self._bar.add_task("train", total=self.total, completed=done, info="")
-
-    def update(self, step: int, record: dict[str, Any]) -> None:
-        info = (
-            f"reward {record.get('reward/mean', float('nan')):.3f}  {record['tokens_per_s']:.0f} tok/s  "
-            f"{record['step_seconds']:.1f} s/step"
-        )
-        if self._bar is not None:
-            self._bar.update(self._task, completed=step, info=info)
-        elif self.enabled:
-            _say(f"step {step}/{self.total}: {info}")
-
-    def note(self, line: str) -> None:
-        if self._bar is not None:
-            self._bar.console.print(line)
-        else:
-            _say(line)
-
-    def stop(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-            self._bar = None
-            self.enabled = False

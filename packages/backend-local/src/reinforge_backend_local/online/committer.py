@@ -6,7 +6,7 @@ Registered through reinforge-online's ``register_committers`` hook (an optional 
 
 A committed batch holds rewarded traces whose calls the policy (``reinforge serve``) answered with
 token ids and logprobs. :class:`LocalCommitter` turns them into training data: the trace's reward
-minus a baseline for ungrouped data (:mod:`reinforge_backend_local.baselines`) is the advantage of
+minus a baseline for ungrouped data (:mod:`reinforge_backend_local.online.baselines`) is the advantage of
 each of its calls, each weighted ``1 / calls`` so a long conversation does not outweigh a short one,
 and every call is trained at its own request's temperature (the one its logprobs were sampled under).
 
@@ -17,8 +17,8 @@ the rest: :meth:`~LocalCommitter.check` scores a version on a run file's eval se
 :meth:`~LocalCommitter.train_from` sends training back to a version (a refused candidate's live
 predecessor, or the version a rollback serves again). ``send`` no longer swaps the server.
 
-Training and checks run in a worker process of its own (spawned; :mod:`reinforge_backend_local.online_worker`
-holds an :class:`~reinforge_backend_local.adapter_trainer.AdapterTrainer` and its model), so torch
+Training and checks run in a worker process of its own (spawned; :mod:`reinforge_backend_local.online.worker`
+holds an :class:`~reinforge_backend_local.training.adapter_trainer.AdapterTrainer` and its model), so torch
 never loads into the gateway and the gateway's threads are never stalled by it. A failure anywhere
 raises, so the outbox sends the same batch id again: the worker finds that batch already trained (a
 checkpoint names it) and answers its version. A worker that died is started again at the next call and
@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING, Any
 
 from reinforge.plugin import FieldError, Settings, at_least, finite, in_range, one_of
 
-from . import online_worker
+from ..model.run_versions import INITIAL, RunVersions, UnknownVersion, step_name, step_of
+from . import worker
 from .baselines import BASELINES, SCALES, cluster_key
-from .online_worker import LocalTrace, TrainingCall
-from .run_versions import INITIAL, RunVersions, UnknownVersion, step_name, step_of
+from .worker import LocalTrace, TrainingCall
 
 if TYPE_CHECKING:
     from reinforge_online import CommitterContext
@@ -63,13 +63,13 @@ __all__ = [
     "traces_of",
 ]
 
-_log = logging.getLogger("reinforge_backend_local.online_committer")
+_log = logging.getLogger("reinforge_backend_local.online.committer")
 CHECK_GRACE_S = 300.0  # a check's worker that has not answered this long after its timeout_s is stopped
 
 
 @dataclass
 class BaselineSettings(Settings):
-    """What the committer subtracts from a trace's reward (:mod:`reinforge_backend_local.baselines`)."""
+    """What the committer subtracts from a trace's reward (:mod:`reinforge_backend_local.online.baselines`)."""
 
     kind: str = "cluster"
     decay: float = 0.9
@@ -230,7 +230,7 @@ class LocalCommitter:
         if self._pool is None:
             ctx = multiprocessing.get_context("spawn")  # no fork of a threaded gateway
             self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=1, mp_context=ctx, initializer=online_worker.worker_init, initargs=(os.getpid(),)
+                max_workers=1, mp_context=ctx, initializer=worker.worker_init, initargs=(os.getpid(),)
             )
         return self._pool
 
@@ -261,7 +261,7 @@ class LocalCommitter:
 
     def status(self) -> dict[str, Any]:
         """Start the worker (loads the model) and report where training stands and the newest checkpoint."""
-        result: dict[str, Any] = self._run(online_worker.status)
+        result: dict[str, Any] = self._run(worker.status)
         return result
 
     # -- the VersionedCommitter protocol (reinforge_online.versions) -----------------------------
@@ -281,7 +281,7 @@ class LocalCommitter:
             self.last = {"trained": False, "version": None, "skipped": skipped}
             _log.info("batch %s: no call with token ids (%s skipped); nothing trained", batch_id, skipped)
             return None
-        result = self._run(online_worker.train, batch_id, usable)
+        result = self._run(worker.train, batch_id, usable)
         if result["trained"]:
             self.skipped_calls += skipped
         version = _version(result)
@@ -313,7 +313,7 @@ class LocalCommitter:
 
         name = _name(version)
         out = self._run(
-            online_worker.check,
+            worker.check,
             name,
             str(Path(spec.run).expanduser().absolute()),
             spec.split,
@@ -349,7 +349,7 @@ class LocalCommitter:
     def train_from(self, version: Version) -> None:
         """The next batch trains on top of ``version`` (its weights, optimizer state and baselines)."""
         name = _name(version)
-        out = self._run(online_worker.restore, name)
+        out = self._run(worker.restore, name)
         if out.get("changed"):
             _log.info("training goes on from %s", name)
 
@@ -377,12 +377,12 @@ class LocalCommitter:
             return
         workers = list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
-        for worker in workers:
-            worker.join(timeout)
-            if worker.is_alive():
-                _log.warning("the training worker %s did not stop in %.0f s; terminating it", worker.pid, timeout)
-                worker.terminate()
-                worker.join(10)
+        for process in workers:
+            process.join(timeout)
+            if process.is_alive():
+                _log.warning("the training worker %s did not stop in %.0f s; terminating it", process.pid, timeout)
+                process.terminate()
+                process.join(10)
 
 
 def _name(version: Any) -> str:
@@ -414,7 +414,7 @@ def options_of(settings: LocalCommitterSettings, *, threads_default: int | None 
     """The settings as the worker's options (plain data: they cross the process boundary)."""
     b = settings.baseline
     return {
-        "trainer": online_worker.DEFAULT_TRAINER,
+        "trainer": worker.DEFAULT_TRAINER,
         "model": settings.model,
         "adapter": settings.adapter,
         "learning_rate": settings.learning_rate,

@@ -24,9 +24,9 @@ import torch
 
 from reinforge.plugin import BatchResult
 
+from ..model.memory import release_free_memory
 from . import attention, layout
-from .algorithms import LossSettings, advantages, call_advantages, resolve, zero_variance
-from .memory import release_free_memory
+from .algorithms import Algorithm, LossSettings, advantages, call_advantages, zero_variance
 
 
 @dataclass
@@ -47,40 +47,35 @@ class Samples:
     advantages: list[float] = field(default_factory=list)
 
 
-def build_samples(
-    result: BatchResult, algo: Any, settings: LossSettings | None = None, *, name: str | None = None
-) -> Samples:
+def build_samples(result: BatchResult, algorithm: Algorithm, settings: LossSettings | None = None) -> Samples:
     """Advantages per group, then one sample per recorded model call.
 
-    With ``multi_step_grpo``, a call that carries its own reward
+    With an algorithm that reads call rewards (``multi_step_grpo``), a call that carries its own reward
     (``call.reward``, from ``WorkflowOutput.call_rewards``) also gets its
     group-relative call advantage (:func:`~.algorithms.call_advantages`); a
     group whose trajectory rewards are equal still trains when its call rewards differ.
 
-    :param algo: core's ``AlgorithmConfig``.
-    :param settings: the algorithm's loss settings (``job.algorithm_settings``); by default
-        checked from ``algo``'s own keys.
-    :param name: the canonical algorithm name (``job.algorithm_name``); by default from ``algo``.
+    :param algorithm: the algorithm's record (``ALGORITHMS[job.algorithm_name]``).
+    :param settings: its loss settings (``job.algorithm_settings``, checked by core); default: the record's defaults.
     """
-    name, settings = resolve(algo, settings, name)
+    if settings is None:
+        settings = algorithm.settings()
     out = Samples()
     groups = [g for g in result.groups if g.kept]
     out.groups = len(groups)
-    group_relative = name != "reinforce_pp"
-    multi_step = name == "multi_step_grpo"
-    call_weight = float(getattr(settings, "call_reward_weight", 0.0)) if multi_step else 0.0
+    call_weight = float(getattr(settings, "call_reward_weight", 0.0)) if algorithm.call_rewards else 0.0
     scored = []
     for g in groups:
         rewards = [_reward(t) for t in g.kept]
         rewarded = [c for t in g.kept for c in _trained_calls(t) if getattr(c, "reward", None) is not None]
         call_signal = call_weight > 0 and len(rewarded) > 1 and not zero_variance([c.reward for c in rewarded])
-        if group_relative and (len(rewards) < 2 or zero_variance(rewards)) and not call_signal:
+        if algorithm.group_relative and (len(rewards) < 2 or zero_variance(rewards)) and not call_signal:
             out.zero_variance_groups += 1
             continue
         scored.append((g, rewards, rewarded if call_weight > 0 else []))
     if not scored:
         return out
-    advs = advantages(name, [r for _, r, _ in scored], settings.scale)
+    advs = advantages(algorithm, [r for _, r, _ in scored], settings.scale)
     per_call: dict[int, float] = {}
     if call_weight > 0:
         call_advs = call_advantages([[c.reward for c in rc] for _, _, rc in scored], settings.scale, call_weight)
@@ -99,7 +94,7 @@ def build_samples(
                         list(call.completion_token_ids),
                         list(call.logprobs),
                         adv + per_call.get(id(call), 0.0),
-                        1.0 / len(calls) if multi_step else 1.0,
+                        1.0 / len(calls) if algorithm.per_call_weight else 1.0,
                     )
                 )
             out.advantages.append(adv)
@@ -264,20 +259,20 @@ def _micro_batches(
 class Trainer:
     """Owns the optimizer; ``step`` runs ``ppo_epochs`` passes over one batch of samples.
 
-    :param algo: core's ``AlgorithmConfig`` (``learning_rate``; the loss keys given to it
-        are checked when ``settings`` is not passed).
-    :param settings: the algorithm's :class:`~reinforge_backend_local.algorithms.LossSettings`
-        (``job.algorithm_settings``).
-    :param name: the canonical algorithm name (``job.algorithm_name``).
+    :param algorithm: the algorithm's record (``ALGORITHMS[job.algorithm_name]``): its ratio is per token or
+        per sequence.
+    :param settings: its :class:`~.algorithms.LossSettings` (``job.algorithm_settings``, checked by core);
+        default: the record's defaults.
+    :param learning_rate: AdamW's (``algorithm.learning_rate`` of the run file).
     """
 
     def __init__(
         self,
         model: Any,
-        algo: Any,
+        algorithm: Algorithm,
         settings: LossSettings | None = None,
         *,
-        name: str | None = None,
+        learning_rate: float,
         temperature: float,
         pad_id: int,
         micro_batch: int = 8,
@@ -290,8 +285,8 @@ class Trainer:
         sampler_correction: float | None = None,
     ) -> None:
         self.model = model
-        self.algo = algo
-        self.name, self.settings = resolve(algo, settings, name)
+        self.algorithm = algorithm
+        self.settings = settings if settings is not None else algorithm.settings()
         self.temperature = temperature if temperature > 0 else 1.0
         self.pad_id = pad_id
         self.micro_batch = micro_batch
@@ -313,7 +308,7 @@ class Trainer:
         if not params:
             raise ValueError("no trainable parameters")
         self.params = params
-        self.optimizer = torch.optim.AdamW(params, lr=algo.learning_rate, betas=(0.9, 0.999), weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(params, lr=learning_rate, betas=(0.9, 0.999), weight_decay=0.0)
         self.reference = None  # full fine-tuning with KL keeps a frozen copy
 
     def _forward_logprobs(self, model: Any, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -443,7 +438,7 @@ class Trainer:
         adv = torch.tensor([s.advantage for s in batch], device=dev).unsqueeze(1)
         weight = torch.tensor([s.weight for s in batch], device=dev).unsqueeze(1)
         log_ratio = (logp - old) * cmask
-        if self.name == "gspo":
+        if self.algorithm.sequence_ratio:
             # one ratio per sequence: the geometric mean of its token ratios
             lengths = cmask.sum(1, keepdim=True).clamp(min=1)
             ratio = torch.exp(log_ratio.sum(1, keepdim=True) / lengths).expand_as(logp)

@@ -90,7 +90,7 @@ def _attention(
 
 @functools.cache
 def _has_gqa() -> bool:
-    from .decoder import _sdpa_has_gqa
+    from ..inference.decoder import _sdpa_has_gqa
 
     return _sdpa_has_gqa()
 

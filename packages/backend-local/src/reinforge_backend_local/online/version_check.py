@@ -37,17 +37,17 @@ from reinforge.plugin import (
     load_run,
 )
 
-from .compute import on_compute_thread
-from .engine import Engine, MicroBatcher
-from .memory import release_free_memory
-from .modeling import DEFAULT_MODEL
-from .policy import ChatTemplate, PolicyChatModel
-from .run_versions import step_of
-from .weights import merged_for_decode
+from ..inference.engine import Engine, MicroBatcher
+from ..inference.policy import ChatTemplate, PolicyChatModel
+from ..model.compute import on_compute_thread
+from ..model.memory import release_free_memory
+from ..model.modeling import DEFAULT_MODEL
+from ..model.run_versions import step_of
+from ..model.weights import merged_for_decode
 
 __all__ = ["CheckTimeout", "check_version"]
 
-_log = logging.getLogger("reinforge_backend_local.version_check")
+_log = logging.getLogger("reinforge_backend_local.online.version_check")
 MAX_BATCH = 64  # rows per decode batch
 
 
@@ -65,7 +65,7 @@ def check_version(
     timeout_s: float,
     plugin_manager: Any = None,
 ) -> dict[str, Any]:
-    """Score version ``name`` of ``trainer`` (an :class:`~.adapter_trainer.AdapterTrainer`) on ``run``'s eval set.
+    """Score version ``name`` of ``trainer`` (an :class:`~..training.adapter_trainer.AdapterTrainer`) on ``run``'s eval set.
 
     :param plugin_manager: where the run's components are looked up (default: the installed plugins).
     :returns: ``{"score", "tasks", "seconds", "metrics"}`` (tasks scored; every reward dimension's mean).

@@ -1,15 +1,15 @@
 """The ``local`` committer's worker process: where each batch of live traffic is trained and each version is
 checked (torch loads here only).
 
-The gateway's :class:`~reinforge_backend_local.online_committer.LocalCommitter` spawns one process
+The gateway's :class:`~reinforge_backend_local.online.committer.LocalCommitter` spawns one process
 and calls the functions below in it with the committer's options (plain data) and the batch's
 :class:`LocalTrace` objects, which cross the process boundary pickled; the samples the trainer takes
 are built here, on this side of it. The trainer is built at the first call, by ``options["trainer"]``
 (``module:function``; default :func:`adapter_trainer`, this package's
-:class:`~reinforge_backend_local.adapter_trainer.AdapterTrainer`), and kept for the process's life.
+:class:`~reinforge_backend_local.training.adapter_trainer.AdapterTrainer`), and kept for the process's life.
 
 All tensor work (loading, training, swapping versions' weights, decoding a check) runs on the
-process's one compute thread (:mod:`~reinforge_backend_local.compute`); a check's event loop runs on
+process's one compute thread (:mod:`~reinforge_backend_local.model.compute`); a check's event loop runs on
 the calling thread.
 """
 
@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..model.compute import on_compute_thread
 from .baselines import Baseline
-from .compute import on_compute_thread
 
 if TYPE_CHECKING:
-    from .trainer import Sample
+    from ..training.trainer import Sample
 
 __all__ = [
     "DEFAULT_TRAINER",
@@ -40,7 +40,7 @@ __all__ = [
     "worker_init",
 ]
 
-DEFAULT_TRAINER = "reinforge_backend_local.online_worker:adapter_trainer"
+DEFAULT_TRAINER = "reinforge_backend_local.online.worker:adapter_trainer"
 _TRAINER: Any = None  # the worker's trainer, built at its first task
 
 
@@ -65,7 +65,7 @@ class LocalTrace:
 
 
 def adapter_trainer(options: dict[str, Any]) -> Any:
-    """The worker's default trainer: an :class:`~.adapter_trainer.AdapterTrainer` with ``options``."""
+    """The worker's default trainer: an :class:`~..training.adapter_trainer.AdapterTrainer` with ``options``."""
     threads = options.get("threads")
     if threads:
         import torch
@@ -73,8 +73,8 @@ def adapter_trainer(options: dict[str, Any]) -> Any:
         torch.set_num_threads(int(threads))  # called on the compute thread (see _trainer): its OpenMP count too
     from reinforge.plugin import ModelConfig
 
-    from .adapter_trainer import AdapterTrainer
-    from .algorithms import GroupSettings
+    from ..training.adapter_trainer import AdapterTrainer
+    from ..training.algorithms import GroupSettings
 
     model = options.get("model") or "smollm2-135m-instruct"
     lora = ModelConfig(model_path=model, lora_rank=options["lora_rank"], lora_alpha=options["lora_alpha"])
@@ -137,8 +137,8 @@ def _trainer(options: dict[str, Any]) -> Any:
 
 
 def samples_of(traces: Sequence[LocalTrace], advantages: Sequence[float]) -> list[Sample]:
-    """One :class:`~.trainer.Sample` per call: the trace's advantage, weight ``1 / calls``, the call's temperature."""
-    from .trainer import Sample
+    """One :class:`~..training.trainer.Sample` per call: the trace's advantage, weight ``1 / calls``, the call's temperature."""
+    from ..training.trainer import Sample
 
     out = []
     for trace, advantage in zip(traces, advantages):

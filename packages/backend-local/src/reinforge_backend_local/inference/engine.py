@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from .compute import compute_executor
+from ..model.compute import compute_executor
 from .sampling import request_generator, sample
 
 
@@ -76,7 +76,7 @@ class Engine:
     prefixes prefilled once, a preallocated cache); others, or
     ``fast=False``, on Hugging Face's forward with a dynamic cache. A batch
     whose cache would pass ``kv_cache_mb`` is decoded in several parts.
-    Given a :class:`~.packing.Packer` (shared with training), the decoder uses
+    Given a :class:`~..model.packing.Packer` (shared with training), the decoder uses
     oneDNN-prepacked weights.
     """
 

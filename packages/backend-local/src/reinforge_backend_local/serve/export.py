@@ -24,7 +24,7 @@ from typing import Any
 
 from reinforge.plugin import ConfigError, ReinforgeError
 
-from . import checkpoint
+from ..model import checkpoint
 
 HELP = "write a run's policy as a merged Hugging Face folder or a PEFT adapter"
 
@@ -94,7 +94,7 @@ def _base_folder(model: dict[str, Any] | None, ckpt: Path, peft: bool) -> Path:
 
     A run config without a model section trained the default model.
     """
-    from .modeling import DEFAULT_MODEL, resolve_model_path
+    from ..model.modeling import DEFAULT_MODEL, resolve_model_path
 
     candidates: list[str] = []
     if model is not None:
