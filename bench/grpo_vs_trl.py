@@ -180,7 +180,6 @@ def child_reinforge(steps: int, seed: int, bf16: bool = False) -> dict:
                 "output_dir": out,
                 "progress": False,
                 "tensorboard": False,
-                "report": False,
                 "threads": 2,
                 "matmul_dtype": "bfloat16" if bf16 else "float32",
             },

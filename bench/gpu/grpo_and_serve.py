@@ -270,7 +270,6 @@ def grpo(folder: Path, dtype: str, device: str, args: argparse.Namespace, out_di
             "output_dir": str(out_dir),
             "progress": False,
             "tensorboard": False,
-            "report": False,
             "micro_batch": args.micro_batch,
             "micro_batch_tokens": args.micro_batch_tokens,
             "max_batch": 64,

@@ -138,7 +138,8 @@ def test_the_tutorial_workflow_and_judge_train_one_step_on_the_local_backend(mod
             algorithm_type="multi_step_grpo", group_size=2, batch_size=2, learning_rate=1e-3, seed=3
         ),
         backend="local",
-        backend_args={"output_dir": str(tmp_path / "runs"), "progress": False, "tensorboard": False, "report": False},
+        backend_args={"output_dir": str(tmp_path / "runs"), "progress": False, "tensorboard": False},
+        report={"enabled": False},
         plugin_manager=pm,
     )
 

@@ -211,6 +211,22 @@ def test_a_wrong_type_in_local_backend_args_fails_before_any_model_loads(tmp_pat
     assert f"{run_file.resolve()}: backend_args.micro_batch: expected an integer, got str '8'" in err, err
 
 
+def test_the_old_report_switch_in_backend_args_points_at_the_reports_own_section(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "toyflow_rp.py").write_text(FLOW)
+    (tmp_path / "data.jsonl").write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
+    run_file = tmp_path / "run.yaml"
+    text = RUN.format(flow="toyflow_rp", model="no-such-model", algorithm="  group_size: 2")
+    run_file.write_text(text + "backend: local\nbackend_args: {report: false}\n")
+
+    assert cli.main(["tune", str(run_file), "--dry-run"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        "backend_args.report: moved to reinforge-report's own section of the run file: report: {enabled: false}" in err
+    )
+
+
 def test_the_local_dry_run_describes_the_checked_settings(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -45,7 +45,8 @@ def run_dir(model_folder, tmp_path_factory):
         model=ModelConfig(model_path=str(model_folder), max_tokens=6, **LORA),
         algorithm=AlgorithmConfig(group_size=2, batch_size=2, learning_rate=1e-2, save_interval_steps=1, seed=3),
         backend="local",
-        backend_args={"output_dir": str(tmp / "runs"), "progress": False, "tensorboard": False, "report": False},
+        backend_args={"output_dir": str(tmp / "runs"), "progress": False, "tensorboard": False},
+        report={"enabled": False},
     )
     return Path(summary["run_dir"])
 

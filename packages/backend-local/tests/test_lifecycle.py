@@ -50,10 +50,9 @@ def _tune(model_folder, data, out, pm, *, steps=2, flow=workflow, eval_data=None
         model=ModelConfig(model_path=str(model_folder), max_tokens=6, lora_rank=8, lora_alpha=16),
         algorithm=AlgorithmConfig(group_size=2, batch_size=2, learning_rate=1e-3, save_interval_steps=0, seed=3),
         backend="local",
-        backend_args={"output_dir": str(out), "progress": False, "tensorboard": False, "report": False}
-        | (backend_args or {}),
+        backend_args={"output_dir": str(out), "progress": False, "tensorboard": False} | (backend_args or {}),
         plugin_manager=pm,
-        **options,
+        **({"report": {"enabled": False}} | options),
     )
 
 
@@ -149,7 +148,7 @@ def test_an_observer_stop_finishes_the_step_then_saves_and_evaluates(model_folde
     summary = _tune(model_folder, data, out, pm, steps=3, eval_data=str(eval_data))
     assert summary["status"] == "stopped" and summary["steps"] == 1
     assert summary["stop_reason"] == "reward/mean looks hacked"
-    assert summary["write_report"] is False  # backend_args.report: false, for reinforge-report's observer
+    assert "report" not in summary and not (Path(summary["run_dir"]) / "report").exists()  # report: {enabled: false}
     assert summary["accuracy_before"] is not None and summary["accuracy_after"] is not None
     assert _checkpoints(out) == ["step-1"]
     ended = _once_around(recorder)
@@ -241,10 +240,10 @@ def test_max_minutes_budgets_training_only_evaluations_come_on_top(model_folder,
             "output_dir": str(tmp_path / "out"),
             "progress": False,
             "tensorboard": False,
-            "report": False,
             "max_minutes": 5,  # each evaluation "takes" 10: were they counted, the run would stop after step 1
             "eval_sampled": False,
         },
+        report={"enabled": False},
         plugin_manager=pm,
     )
     assert summary["status"] == "finished" and summary["steps"] == 3

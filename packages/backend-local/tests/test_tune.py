@@ -51,7 +51,8 @@ def _tune(model_folder, data, out, steps, recorder, **backend_args):
         model=ModelConfig(model_path=str(model_folder), max_tokens=8, lora_rank=8, lora_alpha=16),
         algorithm=AlgorithmConfig(group_size=2, batch_size=2, learning_rate=1e-3, save_interval_steps=1, seed=3),
         backend="local",
-        backend_args={"output_dir": str(out), "progress": False, "tensorboard": False, "report": False, **backend_args},
+        backend_args={"output_dir": str(out), "progress": False, "tensorboard": False, **backend_args},
+        report={"enabled": False},  # reinforge-report's own section
         plugin_manager=pm,
     )
 
@@ -119,7 +120,8 @@ train_dataset: {{path: {data}, total_steps: 6}}
 model: {{model_path: {model}, max_tokens: 8, lora_rank: 8, lora_alpha: 16}}
 algorithm: {{group_size: 2, batch_size: 2, learning_rate: 1.0e-3, save_interval_steps: 1, seed: 5}}
 backend: local
-backend_args: {{output_dir: {out}, progress: false, tensorboard: false, report: false}}
+backend_args: {{output_dir: {out}, progress: false, tensorboard: false}}
+report: {{enabled: false}}
 """
 
 

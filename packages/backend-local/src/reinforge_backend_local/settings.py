@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from reinforge.plugin import FieldError, Settings, at_least, finite, one_of
 
@@ -34,10 +35,17 @@ class LocalSettings(Settings):
     threads: int | None = None  # torch threads (default: torch's)
     tensorboard: bool = True
     progress: bool = True
-    report: bool = True  # the end-of-run report (reinforge-report), through summary["write_report"]
     max_minutes: float | None = None  # stop training after this much wall time (then evaluate and save)
     eval_sampled: bool = True  # evaluations also sample at the run's temperature (accuracy/sampled); false: greedy only
     device: str = "auto"  # auto (the first GPU when CUDA is available, else the CPU), cpu, cuda or cuda:N
+
+    @classmethod
+    def _normalize(cls, data: dict[str, Any]) -> dict[str, Any]:
+        if "report" in data:  # backend-local 0.5 and before; one place for the switch now
+            raise FieldError(
+                "report", "moved to reinforge-report's own section of the run file: report: {enabled: false}"
+            )
+        return data
 
     def check(self) -> None:
         if not self.output_dir:

@@ -296,7 +296,6 @@ class TrainingSession:
             # the held-out tool-use rate on tasks that need a tool (greedy), when the workflow reports one
             "tool_use_before": first and first.get("tool_use/greedy"),
             "tool_use_after": last and last.get("tool_use/greedy"),
-            "write_report": self.opts.report,
         }
         if self.ctx is not None and self.ctx.stop_reason is not None:
             out["stop_reason"] = self.ctx.stop_reason
