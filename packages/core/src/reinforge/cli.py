@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import asyncio
 import json
 import os
@@ -55,15 +56,32 @@ def _parser(pm: Any = None) -> argparse.ArgumentParser:
 
     p.set_defaults(run=None)
     commands = _add_plugin_commands(sub, pm) if pm is not None else set()
-    if "report" not in commands:  # reinforge-report registers it; say so instead of "invalid choice"
-        sp = sub.add_parser("report", help="plots of a training run (needs reinforge-report)")
-        sp.add_argument("rest", nargs=argparse.REMAINDER)
-        sp.set_defaults(run=_report_missing)
+    for name, package in PACKAGE_COMMANDS.items():  # "belongs to package X" instead of argparse's "invalid choice"
+        if name not in commands:
+            sp = sub.add_parser(name, help=f"(needs {package})")
+            sp.add_argument("rest", nargs=argparse.REMAINDER)
+            sp.set_defaults(run=functools.partial(_package_missing, name, package))
     return p
 
 
-def _report_missing(args: argparse.Namespace) -> int:
-    print("error: 'reinforge report' needs the reinforge-report package: pip install reinforge-report", file=sys.stderr)
+# The commands the monorepo's own packages add (register_commands), so that a missing one is named; a
+# third-party command that is not installed is argparse's "invalid choice", as any unknown word.
+PACKAGE_COMMANDS = {
+    "report": "reinforge-report",
+    "serve": "reinforge-backend-local",
+    "export": "reinforge-backend-local",
+    "online": "reinforge-online",
+    "judge": "reinforge-judges-llm",
+}
+
+
+def _package_missing(name: str, package: str, args: argparse.Namespace) -> int:
+    folder = package.removeprefix("reinforge-")
+    print(
+        f"error: 'reinforge {name}' is a command of the {package} package, which is not installed here: "
+        f"pip install ./packages/{folder} from a checkout (its README, Install)",
+        file=sys.stderr,
+    )
     return 1
 
 
