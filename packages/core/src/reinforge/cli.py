@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -56,8 +56,9 @@ def _parser(pm: Any = None) -> argparse.ArgumentParser:
 
     p.set_defaults(run=None)
     commands = _add_plugin_commands(sub, pm) if pm is not None else set()
+    taken = {command.split()[0] for command in commands}
     for name, package in PACKAGE_COMMANDS.items():  # "belongs to package X" instead of argparse's "invalid choice"
-        if name not in commands:
+        if name not in taken:
             sp = sub.add_parser(name, help=f"(needs {package})")
             sp.add_argument("rest", nargs=argparse.REMAINDER)
             sp.set_defaults(run=functools.partial(_package_missing, name, package))
