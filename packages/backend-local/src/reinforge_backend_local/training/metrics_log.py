@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from reinforge.plugin import metric_names as mn
+
 
 class MetricsLog:
     def __init__(self, run_dir: Path, *, tensorboard: bool = True) -> None:
@@ -24,10 +26,10 @@ class MetricsLog:
         self._fh.write(json.dumps(record, default=float) + "\n")
         self._fh.flush()
         if self._tb is not None:
-            prefix = "eval/" if record.get("kind") == "eval" else ""
+            prefix = "eval/" if record.get(mn.KIND) == mn.KIND_EVAL else ""
             for key, value in record.items():
-                if isinstance(value, (int, float)) and key not in ("step", "time"):
-                    self._tb.add_scalar(prefix + key, value, record["step"])
+                if isinstance(value, (int, float)) and key not in mn.RECORD_FIELDS:
+                    self._tb.add_scalar(prefix + key, value, record[mn.STEP])
 
     def close(self) -> None:
         self._fh.close()

@@ -21,6 +21,7 @@ from reinforge.plugin import (
     check_accuracy_key,
     tool_use_of,
 )
+from reinforge.plugin import metric_names as mn
 
 from ..model import checkpoint
 from ..model.compute import on_compute_thread
@@ -231,13 +232,13 @@ class TrainingSession:
         dec_tok = policy.engine.stats.completion_tokens - decode_before[1]
         step_s = time.perf_counter() - t0
         record = {
-            "kind": "train",
-            "step": step,
-            "time": time.time(),
+            mn.KIND: mn.KIND_TRAIN,
+            mn.STEP: step,
+            mn.TIME: time.time(),
             **result.metrics,
             **train_metrics,
             "zero_variance_groups": float(samples.zero_variance_groups),
-            "tokens_per_s": dec_tok / dec_s if dec_s else 0.0,
+            mn.TOKENS_PER_S: dec_tok / dec_s if dec_s else 0.0,
             "step_seconds": step_s,
             "time/rollout": t_roll,
             "time/decode": dec_s,
@@ -270,7 +271,7 @@ class TrainingSession:
             say(f"stopped at step {step}: {ctx.stop_reason}; resume with: --resume {self.run_dir}")
             if interrupted:
                 return  # the user wants out: no evaluation
-        if self.eval_rows and (self.last_eval is None or self.last_eval["step"] != step):
+        if self.eval_rows and (self.last_eval is None or self.last_eval[mn.STEP] != step):
             self._evaluate(step)
 
     def close(self) -> None:
@@ -289,10 +290,10 @@ class TrainingSession:
             "status": self.status,
             "run_dir": str(self.run_dir) if self.run_dir is not None else None,
             "steps": self.state.step,
-            "accuracy_before": first and first.get("accuracy/greedy"),
-            "accuracy_after": last and last.get("accuracy/greedy"),
-            "sampled_accuracy_before": first and first.get("accuracy/sampled"),
-            "sampled_accuracy_after": last and last.get("accuracy/sampled"),
+            "accuracy_before": first and first.get(mn.ACCURACY_GREEDY),
+            "accuracy_after": last and last.get(mn.ACCURACY_GREEDY),
+            "sampled_accuracy_before": first and first.get(mn.ACCURACY_SAMPLED),
+            "sampled_accuracy_after": last and last.get(mn.ACCURACY_SAMPLED),
             # the held-out tool-use rate on tasks that need a tool (greedy), when the workflow reports one
             "tool_use_before": first and first.get("tool_use/greedy"),
             "tool_use_after": last and last.get("tool_use/greedy"),
@@ -353,7 +354,7 @@ class TrainingSession:
     def evaluate(self, rows: list[dict], step: int) -> dict[str, Any]:
         """Greedy and sampled accuracy of the current policy on ``rows`` (one rollout each)."""
         assert self.policy is not None
-        record: dict[str, Any] = {"kind": "eval", "step": step, "time": time.time()}
+        record: dict[str, Any] = {mn.KIND: mn.KIND_EVAL, mn.STEP: step, mn.TIME: time.time()}
         key, threshold = self.run.eval.accuracy_key, self.run.eval.threshold
         modes = [("greedy", 0.0)] + ([("sampled", self.mc.temperature)] if self.opts.eval_sampled else [])
         for mode, temperature in modes:
@@ -361,12 +362,12 @@ class TrainingSession:
             provider = self.policy.provider(("eval", mode, self.algo.seed, step), step, sampling)
             runner = self.job.make_runner(model_provider=provider, group_size=1, sampling=sampling)
             result = self._rollouts(runner, rows)
-            record[f"accuracy/{mode}"] = accuracy_of(result, key, threshold)
+            record[f"{mn.ACCURACY_PREFIX}{mode}"] = accuracy_of(result, key, threshold)
             tool_use = tool_use_of(result, self.run.eval.tool_use_metric, self.run.eval.tool_use_field)
             if tool_use is not None:
                 record[f"tool_use/{mode}"] = tool_use
             if mode == "greedy":
-                record.update({k: v for k, v in result.metrics.items() if not k.startswith("count/")})
+                record.update({k: v for k, v in result.metrics.items() if not k.startswith(mn.COUNT_PREFIX)})
         return record
 
     def _evaluate(self, step: int, say_line: Any = None) -> dict[str, Any]:

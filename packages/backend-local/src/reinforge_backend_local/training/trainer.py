@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from reinforge.plugin import BatchResult
+from reinforge.plugin import metric_names as mn
 
 from ..model.memory import release_free_memory
 from . import attention, layout
@@ -549,12 +550,12 @@ class Trainer:
             self.model.eval()
         tokens = max(sums["tokens"], 1.0)
         metrics = {
-            "loss": sums["loss"],
-            "entropy": sums["entropy"] / tokens,
-            "kl": sums["kl"] / tokens,
-            "clip_frac": sums["clip_frac"] / tokens,
+            mn.LOSS: sums["loss"],
+            mn.ENTROPY: sums["entropy"] / tokens,
+            mn.KL: sums["kl"] / tokens,
+            mn.CLIP_FRAC: sums["clip_frac"] / tokens,
             "ratio/mean": sums["ratio"] / tokens,
-            "grad_norm": grad_norm,
+            mn.GRAD_NORM: grad_norm,
             "train/samples": float(len(items)),
             "train/tokens": sums["tokens"],
             "train/seq_tokens": sums["seq_tokens"],
