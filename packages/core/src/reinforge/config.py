@@ -688,6 +688,8 @@ class RunConfig(Settings):
     sentinels: dict[str, Any] = field(default_factory=dict)
     source: str | None = field(default=None, metadata=_NOT_YAML)
     base_dir: str | None = field(default=None, metadata=_NOT_YAML)
+    # the registry load_run checked the components against: the job and evaluate() build from it
+    registry: Any = field(default=None, metadata=_NOT_YAML, repr=False, compare=False)
 
     @classmethod
     def _normalize(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -722,6 +724,9 @@ class RunConfig(Settings):
                     "judges",
                     f"weights sum to {sum(weighted):g}, not 1 (reward.strict_weights is true; gates not counted)",
                 )
+        default_min = RunnerConfig().min_group_size
+        if self.runner.min_group_size == default_min > self.algorithm.group_size:
+            self.runner.min_group_size = self.algorithm.group_size  # the default means "2, or the whole group"
         if self.runner.min_group_size > self.algorithm.group_size:
             raise FieldError(
                 "runner.min_group_size",
@@ -792,7 +797,9 @@ def load_run(path: str | os.PathLike[str], *, registry: Any = None) -> RunConfig
 
     Relative dataset, model and ``config_path`` paths are taken against the
     run file's directory, which is also on ``sys.path`` while refs import.
-    Registered names are checked too when a ``registry`` is given.
+    Registered names are checked too when a ``registry`` is given, and the run
+    keeps it (``run.registry``): :func:`~reinforge.job.build_job` and
+    :func:`~reinforge.evaluation.evaluate` build its components from it.
     """
     file = Path(path)
     where = str(path)
@@ -801,7 +808,7 @@ def load_run(path: str | os.PathLike[str], *, registry: Any = None) -> RunConfig
         raise ConfigError(f"{where}: the run file is empty; it needs at least a workflow")
     run: RunConfig = from_dict(RunConfig, data, where=where)
     base = file.resolve().parent
-    run.source, run.base_dir = str(file.resolve()), str(base)
+    run.source, run.base_dir, run.registry = str(file.resolve()), str(base), registry
     for key in ("train_dataset", "eval_dataset"):
         ds: DatasetConfig | None = getattr(run, key)
         if ds is None:
