@@ -116,7 +116,7 @@ class Recorder:
         self.steps[step] = metrics
 
     @hookimpl
-    def on_trajectory(self, trajectory):
+    def on_trajectory(self, trajectory, run):
         self.trajectories.append(trajectory)
 
 

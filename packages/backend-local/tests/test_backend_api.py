@@ -227,6 +227,30 @@ def test_the_old_report_switch_in_backend_args_points_at_the_reports_own_section
     )
 
 
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_run_without_train_dataset_is_refused_by_tune_and_its_dry_run_alike(tmp_path, monkeypatch, capsys, dry_run):
+    """Fails before core 0.4: ``tune --dry-run`` passed a run file that ``tune`` then refused."""
+    from reinforge_backend_local.model import modeling
+    from reinforge_backend_local.rollouts import runtime
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(modeling, "load_policy", no_model)
+    monkeypatch.setattr(runtime, "load_policy", no_model)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "toyflow_nodata.py").write_text(FLOW)
+    run_file = tmp_path / "run.yaml"
+    text = RUN.format(flow="toyflow_nodata", model="no-such-model", algorithm="  group_size: 2")
+    run_file.write_text(text.replace("train_dataset: {path: data.jsonl}\n", ""))
+
+    code = cli.main(["tune", str(run_file), *(["--dry-run"] if dry_run else [])])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert f"{run_file.resolve()}: train_dataset: the local backend needs a train_dataset" in err, err
+
+
 def test_the_local_dry_run_describes_the_checked_settings(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -28,7 +28,7 @@ class Recorder:
         self.steps[step] = metrics
 
     @hookimpl
-    def on_trajectory(self, trajectory):
+    def on_trajectory(self, trajectory, run):
         for call in trajectory.calls:
             key = (call.policy_version, trajectory.task_index, trajectory.rollout_index)
             self.tokens[key] = list(call.completion_token_ids)

@@ -207,7 +207,7 @@ def test_build_job_resolves_every_function_of_a_run(tmp_path: Path) -> None:
     job = build_job(load_run(path), pm)
     assert job.workflow.role == "workflow" and job.workflow.name.endswith(":workflow")
     assert [j.name for j in job.composer.judges] == ["judge", "registered"]
-    assert job.group_reward is not None and job.group_reward.name.endswith(":rank")
+    assert job.composer.group_reward is not None and job.composer.group_reward.name.endswith(":rank")
 
     path.write_text(f"workflow: {name}:workflow\njudges: [missing_one]\n")
     with pytest.raises(ResolveError, match=rf"{path.resolve()}: judges\[0\]: no judge named 'missing_one'"):

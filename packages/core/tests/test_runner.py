@@ -4,8 +4,9 @@ from collections import Counter
 import pytest
 
 from reinforge import ChatResponse, GroupRewardOutput, JudgeOutput, TaskStatus, WorkflowOutput, hookimpl
-from reinforge.config import ScoreConfig
+from reinforge.config import ComponentSpec, RunConfig, ScoreConfig
 from reinforge.errors import RewardError, RunnerError
+from reinforge.lifecycle import RunContext
 from reinforge.plugins import get_plugin_manager
 from reinforge.rewards import JudgeSlot, RewardComposer
 from reinforge.runner import Runner, RunnerSettings
@@ -31,15 +32,13 @@ def correct(task, response):
 def make_runner(judges=None, workflow=ask, group_reward=None, group_weight=None, **settings):
     composer = RewardComposer(
         judges if judges is not None else [JudgeSlot("correct", bind(correct, "judge"))],
+        group_reward=bind(group_reward, "group_reward") if group_reward else None,
         group_reward_weight=group_weight,
         judge_timeout_s=settings.pop("judge_timeout_s", 5.0),
         max_retries=settings.get("max_retries", 2),
         scores=settings.pop("scores", None),
     )
-    gr = bind(group_reward, "group_reward") if group_reward else None
-    return Runner(
-        bind(workflow, "workflow"), composer, model=EchoModel(), group_reward=gr, settings=RunnerSettings(**settings)
-    )
+    return Runner(bind(workflow, "workflow"), composer, model=EchoModel(), settings=RunnerSettings(**settings))
 
 
 def tasks(n):
@@ -211,13 +210,14 @@ def test_observer_hooks_see_every_trajectory():
 
     class Observer:
         @hookimpl
-        def on_trajectory(self, trajectory):
+        def on_trajectory(self, trajectory, run):
+            assert run is r.run_context
             seen.append((trajectory.task["say"], trajectory.ok))
 
     pm = get_plugin_manager(load_entrypoints=False)
     pm.register(Observer(), name="observer")
     r = make_runner(group_size=2)
-    r.hook = pm.hook
+    r.run_context = RunContext(config=RunConfig(workflow=ComponentSpec(ref=ask)), hook=pm.hook)
     r.run(tasks(2))
     assert sorted(seen) == [("0", True), ("0", True), ("1", True), ("1", True)]
 

@@ -34,7 +34,7 @@ def test_reinforge_pm_ignores_installed_plugins(site: Path, monkeypatch: pytest.
 
 def test_hook_recorder_records_observer_calls(hook_recorder) -> None:
     traj = Trajectory(task={"q": 1})
-    hook_recorder.pm.hook.on_trajectory(trajectory=traj)
+    hook_recorder.pm.hook.on_trajectory(trajectory=traj, run=None)
     hook_recorder.pm.hook.on_step_end(step=1, metrics={"reward": 0.5}, kind="train", run=None)
     hook_recorder.pm.hook.on_step_end(step=2, metrics={"reward": 0.7}, kind="train", run=None)
     hook_recorder.pm.hook.on_run_end(summary={"steps": 2}, run=None)

@@ -42,11 +42,15 @@ class LocalBackend(Backend):
         return standalone_model(model_config)
 
     def dry_run(self, job: TuneJob) -> dict[str, Any]:
-        from reinforge.plugin import to_dict
+        """The resolved run, after the checks :meth:`run` makes before loading a model (a train set, the accuracy key)."""
+        from reinforge.plugin import ConfigError, check_accuracy_key, to_dict
 
         from .model.modeling import DEFAULT_MODEL
 
         run = job.run
+        if run.train_dataset is None:  # what TrainingSession refuses
+            raise ConfigError(f"{run.where('train_dataset')}: the local backend needs a train_dataset")
+        check_accuracy_key(job)
         opts = job.backend_settings if job.backend_settings is not None else LocalSettings()
         return {
             **job.describe(),

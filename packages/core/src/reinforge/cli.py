@@ -260,7 +260,8 @@ def _build(ref: str, role: str, settings: dict[str, Any], registry: Any, built: 
     from .components import build_component
     from .config import ComponentSpec
 
-    bound = build_component(ComponentSpec(ref=ref, args=settings), role, registry, where="command line")
+    where = f"reinforge try: {role.replace('_', ' ')} {ref}"  # settings errors name the component
+    bound = build_component(ComponentSpec(ref=ref, args=settings), role, registry, where=where)
     built.append(bound)
     return bound
 

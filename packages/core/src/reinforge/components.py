@@ -16,13 +16,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+import types
+import typing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .errors import SignatureError
 from .refs import resolve_entry
 from .registry import kind_named
-from .settings import load
+from .settings import convert, load, suggest
 from .signatures import REQUIRED, BoundFunction, bind, describe
 
 if TYPE_CHECKING:
@@ -153,6 +155,8 @@ def _check_signature(plan: ComponentPlan) -> None:
         bind(plan.obj, plan.role, kwargs, name=plan.name)
     except SignatureError as exc:
         raise SignatureError(f"{plan.where}: {exc}{_defined(plan.obj, exc)}") from exc
+    if declared is None:
+        _check_arg_types(plan, plan.obj, kwargs)
 
 
 def _check_init(plan: ComponentPlan, cls: type, kwargs: dict[str, Any] | None) -> None:
@@ -171,9 +175,47 @@ def _check_init(plan: ComponentPlan, cls: type, kwargs: dict[str, Any] | None) -
     except TypeError as exc:
         accepted = [p.name for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
         given = "its settings object" if kwargs is None else f"args {sorted(kwargs)}"
+        unknown = [k for k in kwargs or {} if k not in sig.parameters]
+        hint = suggest(unknown[0], [a for a in accepted if a != "context"]) if unknown else ""
         raise SignatureError(
-            f"{plan.where}: {what} cannot be built with {given}: {exc} (it takes: {', '.join(accepted) or 'nothing'})"
+            f"{plan.where}: {what} cannot be built with {given}: {exc}{hint} "
+            f"(it takes: {', '.join(accepted) or 'nothing'})"
         ) from None
+    if kwargs is not None:
+        _check_arg_types(plan, cls, kwargs)
+
+
+def _check_arg_types(plan: ComponentPlan, func: Any, kwargs: dict[str, Any]) -> None:
+    """Each ``args`` value against its parameter's annotation, as a settings class's fields are checked.
+
+    Only annotations the settings checker reads exactly are checked (numbers, strings, booleans, lists,
+    mappings, unions with None, ``Any``); a class or a ``Literal`` is left to the function.
+    """
+    if not kwargs:
+        return
+    target = cast(Any, func).__init__ if isinstance(func, type) else func  # a class: its constructor's hints
+    try:
+        hints = typing.get_type_hints(target)
+    except Exception:  # an annotation that does not evaluate here (a TYPE_CHECKING import): nothing to check
+        return
+    where = plan.where if plan.name in plan.where else f"{plan.where}: {plan.role.replace('_', ' ')} {plan.name}"
+    for key, value in kwargs.items():
+        hint = hints.get(key)
+        if hint is not None and _checkable(hint):
+            convert(value, hint, where=where, key=f"args.{key}")
+
+
+_SCALARS = (int, float, str, bool, list, dict, tuple, type(None))
+
+
+def _checkable(hint: Any) -> bool:
+    """True when :func:`reinforge.settings.convert` checks ``hint`` exactly (no false alarms)."""
+    if hint is Any or hint in _SCALARS:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType, list, tuple, dict):
+        return all(arg is Ellipsis or _checkable(arg) for arg in typing.get_args(hint))
+    return False
 
 
 class _Unbound:

@@ -427,6 +427,8 @@ class RunConfig(Settings):
     sections: dict[str, Any] = field(default_factory=dict, metadata=_NOT_YAML)
     source: str | None = field(default=None, metadata=_NOT_YAML)
     base_dir: str | None = field(default=None, metadata=_NOT_YAML)
+    # the registry load_run checked the components against: the job and evaluate() build from it
+    registry: Any = field(default=None, metadata=_NOT_YAML, repr=False, compare=False)
 
     @classmethod
     def _normalize(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -461,6 +463,9 @@ class RunConfig(Settings):
                     "judges",
                     f"weights sum to {sum(weighted):g}, not 1 (reward.strict_weights is true; gates not counted)",
                 )
+        default_min = RunnerConfig().min_group_size
+        if self.runner.min_group_size == default_min > self.algorithm.group_size:
+            self.runner.min_group_size = self.algorithm.group_size  # the default means "2, or the whole group"
         if self.runner.min_group_size > self.algorithm.group_size:
             raise FieldError(
                 "runner.min_group_size",

@@ -211,13 +211,19 @@ def evaluate(
     api_base: str | None = None,
     model_name: str | None = None,
     job: TuneJob | None = None,
+    plugin_manager: Any = None,
 ) -> EvalReport:
-    """Run the workflow and judges over a split and report accuracy and every dimension."""
+    """Run the workflow and judges over a split and report accuracy and every dimension.
+
+    The components come from ``job``, else are built from ``plugin_manager``'s
+    plugins, else from the registry the run was loaded with (``load_run(path,
+    registry=...)``), else from every installed plugin.
+    """
     from .job import build_job
 
     if job is None:
         uses_backend = model is None and not _eval_model_config(run, api_base, model_name).api_base
-        job = build_job(run, need_backend=uses_backend)
+        job = build_job(run, plugin_manager, need_backend=uses_backend)
     check_accuracy_key(job)
     dataset = eval_dataset(run, split, limit)
     with job.running("eval") as ctx:

@@ -28,7 +28,9 @@ Who calls what, and when:
 - ``register_commands``: the ``reinforge`` command line, at start.
 - ``on_run_start``, ``on_step_end``, ``on_run_end``: core's run lifecycle
   (:class:`reinforge.plugin.RunContext`), never a backend directly.
-- ``on_trajectory``: the shared runner, after each rollout is scored.
+- ``on_trajectory``: the shared runner, after each group is scored, through
+  the run's :class:`reinforge.plugin.RunContext` (only for runners of a run:
+  ``job.make_runner`` inside ``job.running()``).
 """
 
 from __future__ import annotations
@@ -162,14 +164,17 @@ def register_commands(register: Any) -> None:
 
 
 @hookspec
-def on_trajectory(trajectory: Trajectory) -> None:
-    """Called by the runner once for every finished rollout, kept or discarded.
+def on_trajectory(trajectory: Trajectory, run: RunContext) -> None:
+    """Called by the runner once for every finished rollout of a run, kept or discarded.
 
     Observers must not mutate the trajectory. Exceptions propagate: a broken
-    monitoring plugin should be noticed, not silently ignored.
+    monitoring plugin should be noticed, not silently ignored. Keep what you
+    collect in ``run.state[<your distribution name>]``, as for the other
+    observer hooks.
 
     :param trajectory: the scored (or failed) rollout; ``trajectory.ok`` tells
         whether it is used for training.
+    :param run: the run's :class:`~reinforge.plugin.RunContext`.
     """
 
 

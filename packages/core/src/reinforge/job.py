@@ -38,8 +38,10 @@ __all__ = ["DEFAULT_BACKEND", "TuneJob", "build_composer", "build_job", "get_bac
 DEFAULT_BACKEND = "local"
 
 
-def build_composer(run: RunConfig, judges: list[BoundFunction]) -> RewardComposer:
-    """Wire the run's built judges into a composer."""
+def build_composer(
+    run: RunConfig, judges: list[BoundFunction], group_reward: BoundFunction | None = None
+) -> RewardComposer:
+    """Wire the run's built judges and group reward into a composer (weights warnings name the run file)."""
     slots = []
     for spec, bound in zip(run.judges, judges):
         slots.append(
@@ -52,14 +54,17 @@ def build_composer(run: RunConfig, judges: list[BoundFunction]) -> RewardCompose
                 metric_weights=dict(spec.metric_weights) if spec.metric_weights else None,
             )
         )
-    group_weight = run.group_reward.weight if run.group_reward is not None else None
+    if (group_reward is None) != (run.group_reward is None):
+        raise ValueError("build_composer: give the built group reward exactly when the run has one")
     return RewardComposer(
         slots,
+        group_reward=group_reward,
         scores=run.reward.scores,
-        group_reward_weight=group_weight,
+        group_reward_weight=run.group_reward.weight if run.group_reward is not None else None,
         strict_weights=run.reward.strict_weights,
         judge_timeout_s=run.runner.judge_timeout_s,
         max_retries=run.runner.max_retries,
+        source=run.source,
     )
 
 
@@ -104,7 +109,6 @@ class TuneJob:
     run: RunConfig
     workflow: BoundFunction
     composer: RewardComposer
-    group_reward: BoundFunction | None
     registry: Registry
     plugin_manager: pluggy.PluginManager | None = None
     auxiliary_models: dict[str, ChatModel] = field(default_factory=dict)
@@ -117,14 +121,13 @@ class TuneJob:
 
     @property
     def hook(self) -> Any:
-        """The hook relay, for core (the runner's ``on_trajectory``); backends use :meth:`running`."""
+        """The hook relay, for core's run lifecycle; backends use :meth:`running`."""
         return self.plugin_manager.hook if self.plugin_manager is not None else None
 
     @property
     def components(self) -> list[BoundFunction]:
         """The run's workflow, judges and group reward, as built for this run."""
-        judges = [slot.fn for slot in self.composer.judges]
-        return [self.workflow, *judges, *([self.group_reward] if self.group_reward else [])]
+        return [self.workflow, *self.composer.components]
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -166,7 +169,10 @@ class TuneJob:
         group_size: int | None = None,
         sampling: dict[str, Any] | None = None,
     ) -> Runner:
-        """The shared runner over this job's components (one per batch or per evaluation)."""
+        """The shared runner over this job's components (one per batch or per evaluation).
+
+        Made inside :meth:`running`, its trajectories reach the observers (``on_trajectory``).
+        """
         rc = self.run.runner
         size = group_size if group_size is not None else self.run.algorithm.group_size
         settings = RunnerSettings(group_size=size, **dataclasses.asdict(rc))
@@ -180,11 +186,10 @@ class TuneJob:
             self.composer,
             model=model,
             model_provider=model_provider,
-            group_reward=self.group_reward,
             settings=settings,
             auxiliary_models=self.auxiliary_models or None,
             sampling=sampling,
-            hook=self.hook,
+            run=self.context,
             logger=logging.getLogger(f"reinforge.workflow.{self.run.experiment_name}"),
             model_adapter=adapter,
         )
@@ -200,7 +205,7 @@ class TuneJob:
             "backend_settings": to_dict(self.backend_settings) if self.backend_settings is not None else {},
             "workflow": self.workflow.name,
             "judges": [{"name": s.fn.name, "metric": s.name, "kind": s.kind} for s in self.composer.judges],
-            "group_reward": self.group_reward.name if self.group_reward else None,
+            "group_reward": self.composer.group_reward.name if self.composer.group_reward else None,
         }
 
 
@@ -233,6 +238,9 @@ def build_job(
 ) -> TuneJob:
     """Resolve and check a run against the installed plugins, and build its components for one run.
 
+    The plugins are ``plugin_manager``'s, else those of the registry the run
+    was loaded with (``load_run(path, registry=...)``), else every installed one.
+
     :param backend: overrides ``run.backend`` (``--backend``).
     :param need_backend: True (``tune``): the backend must be installed and is
         checked; False (an evaluation of an API model): none is looked up;
@@ -244,8 +252,13 @@ def build_job(
     from .plugins import build_registry, get_plugin_manager
     from .runfile import check_sections
 
-    pm = plugin_manager or get_plugin_manager()
-    registry = build_registry(pm)
+    pm: pluggy.PluginManager | None
+    if plugin_manager is None and run.registry is not None:
+        registry: Registry = run.registry  # the one load_run checked the run against
+        pm = registry.plugin_manager
+    else:
+        pm = plugin_manager or get_plugin_manager()
+        registry = build_registry(pm)
     check_sections(run, registry)
     base = run.base_dir
     plans = [plan_component(run.workflow, "workflow", registry, where=run.where("workflow"), base_dir=base)]
@@ -274,8 +287,7 @@ def build_job(
         if wants_agentscope(workflow, run.model_interface):
             agentscope_available()  # a missing reinforge[agentscope] fails before any model loads
         n = len(run.judges)
-        composer = build_composer(run, built[1 : 1 + n])
-        group_reward = built[1 + n] if run.group_reward is not None else None
+        composer = build_composer(run, built[1 : 1 + n], built[1 + n] if run.group_reward is not None else None)
         aux = {
             name: make_chat_model(cfg, where=run.where(f"auxiliary_models.{name}"))
             for name, cfg in run.auxiliary_models.items()
@@ -288,7 +300,6 @@ def build_job(
         run,
         workflow,
         composer,
-        group_reward,
         registry,
         pm,
         aux,

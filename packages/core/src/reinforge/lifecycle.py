@@ -21,6 +21,7 @@ from . import metric_names as mn
 
 if TYPE_CHECKING:
     from .config import RunConfig
+    from .trajectory import Trajectory
 
 __all__ = ["RunContext", "RunStatus"]
 
@@ -92,6 +93,14 @@ class RunContext:
     def eval_end(self, metrics: dict[str, Any], *, step: int | None = None) -> None:
         """Report one evaluation (step 0 = the base model); ``on_step_end(kind="eval")``."""
         self._emit(metrics, mn.KIND_EVAL, self.step if step is None else step)
+
+    def trajectory_end(self, trajectory: Trajectory) -> None:
+        """Report one finished rollout, kept or discarded; observers see it through ``on_trajectory``.
+
+        Core's runner calls it for every trajectory of a run's batches.
+        """
+        if self.hook is not None:
+            self.hook.on_trajectory(trajectory=trajectory, run=self)
 
     def on_close(self, closer: Callable[[], None]) -> None:
         """Run ``closer`` when the run ends, after ``on_run_end`` (last registered, first run)."""

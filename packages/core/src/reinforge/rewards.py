@@ -15,15 +15,18 @@ import copy
 import inspect
 import logging
 import math
+import os
+import sys
 import time
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ScoreConfig
 from .errors import ConfigError, RewardError
-from .outputs import JudgeOutput, TaskStatus
+from .outputs import GroupRewardOutput, JudgeOutput, TaskStatus
 from .retry import call_with_retries
 from .signatures import OPTIONAL, BoundFunction
 from .text import response_text
@@ -33,13 +36,19 @@ log = logging.getLogger("reinforge.rewards")
 GATE_PASS = 0.5  # a gate passes when its reward is above this
 
 
-def normalize_weights(weights: dict[str, float], *, what: str, strict: bool) -> dict[str, float]:
-    """Scale weights to sum to 1; warn (or raise when ``strict``) if they did not."""
+def normalize_weights(
+    weights: dict[str, float], *, what: str, strict: bool, source: str | None = None, key: str | None = None
+) -> dict[str, float]:
+    """Scale weights to sum to 1; warn (or raise when ``strict``) if they did not.
+
+    The warning points at the run file ``source`` (the line of ``key`` when it is
+    found there), not at reinforge's own code.
+    """
     if not weights:
         return {}
-    for key, w in weights.items():
+    for name, w in weights.items():
         if not isinstance(w, (int, float)) or isinstance(w, bool) or w < 0 or not math.isfinite(w):
-            raise ConfigError(f"{what}: weight of {key!r} must be a finite number >= 0, got {w!r}")
+            raise ConfigError(f"{what}: weight of {name!r} must be a finite number >= 0, got {w!r}")
     total = float(sum(weights.values()))
     if total <= 0:
         raise ConfigError(f"{what}: weights sum to 0")
@@ -47,8 +56,45 @@ def normalize_weights(weights: dict[str, float], *, what: str, strict: bool) -> 
         msg = f"{what}: weights {weights} sum to {total:g}, not 1"
         if strict:
             raise ConfigError(msg + " (reward.strict_weights is on)")
-        warnings.warn(msg + "; normalizing them", stacklevel=3)
+        warn_at(msg + "; normalizing them", source, key)
     return {k: float(w) / total for k, w in weights.items()}
+
+
+def warn_at(message: str, source: str | None, key: str | None = None) -> None:
+    """A ``UserWarning`` reported at ``source`` (a run file or a module), on the line of ``key`` when found.
+
+    Without a source it points at the first caller outside reinforge (a script calling ``tune()``).
+    """
+    if not source:
+        warnings.warn(message, stacklevel=_outside_stacklevel())
+        return
+    prefix = "" if message.startswith(source) else f"{source}: "
+    warnings.warn_explicit(prefix + message, UserWarning, filename=source, lineno=_line_of(source, key))
+
+
+def _outside_stacklevel() -> int:
+    """The ``stacklevel`` of the innermost frame outside the reinforge package, seen from ``warn_at``'s caller."""
+    here = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame = sys._getframe(2)  # the caller of warn_at
+    level = 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
+        frame, level = frame.f_back, level + 1  # type: ignore[assignment]
+    return level
+
+
+def _line_of(path: str, key: str | None) -> int:
+    """The 1-based line where ``key:`` starts in the file (1 when it is not found or not readable)."""
+    if not key:
+        return 1
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                stripped = line.lstrip()
+                if stripped.startswith((f"{key}:", f"class {key}")):
+                    return number
+    except OSError:
+        pass
+    return 1
 
 
 # -- layer 2: multi-dimensional judges built from a class -----------------------------
@@ -123,7 +169,13 @@ class MultiDimensionJudge:
         self.__module__ = cls.__module__
         self.__doc__ = cls.__doc__
         self.subs, raw, self.aggregate_attr = self.inspect(cls, meta)
-        self.weights = normalize_weights(raw, what=f"judge {meta.name!r} sub_weight", strict=meta.strict_weights)
+        self.weights = normalize_weights(
+            raw,
+            what=f"judge {meta.name!r} sub_weight",
+            strict=meta.strict_weights,
+            source=_source_file(cls),
+            key=cls.__name__,
+        )
 
     @staticmethod
     def inspect(
@@ -212,6 +264,13 @@ class MultiDimensionJudge:
         return out
 
 
+def _source_file(obj: Any) -> str | None:
+    try:
+        return inspect.getsourcefile(obj)
+    except TypeError:
+        return None
+
+
 # -- layers 1 and 3, the gate and boundary scores ------------------------------------------
 
 
@@ -229,9 +288,16 @@ class JudgeSlot:
 
 @dataclass
 class Score:
-    """What the composer decided for one response."""
+    """What the composer decided for one response.
 
-    reward: float | None = None  # None while a group reward is still to come
+    Scores from :meth:`RewardComposer.score_group` are final: ``reward`` is
+    the response's reward, or None when it FAILED (``error`` says why,
+    ``failure`` which stage: ``"judge"`` or ``"group_reward"``).
+    :meth:`RewardComposer.score` alone leaves ``reward`` None while a group
+    reward is still to come.
+    """
+
+    reward: float | None = None  # None while a group reward is still to come, or when FAILED
     rewards: dict[str, float] = field(default_factory=dict)
     flags: dict[str, float] = field(default_factory=dict)
     status: TaskStatus = TaskStatus.SUCCESS
@@ -240,40 +306,82 @@ class Score:
     partial: float = 0.0  # weighted judge sum, before the group reward's share is added
     seconds: float = 0.0
     retries: int = 0
+    failure: str | None = None  # "judge" or "group_reward" when FAILED
+    group_metrics: dict[str, float] = field(default_factory=dict)  # the group reward's metrics of its group
+
+
+@dataclass
+class Rollout:
+    """One workflow result to score: its response and what the runner saw of it.
+
+    :ivar preset: a reward the workflow set itself (judges are skipped).
+    :ivar timed_out: the workflow ran past its deadline (the boundary ``timeout`` score).
+    :ivar truncated: the response hit the length limit.
+    """
+
+    response: Any = None
+    preset: float | None = None
+    timed_out: bool = False
+    truncated: bool = False
 
 
 class RewardComposer:
-    """Scores one response with every configured judge and composes the reward."""
+    """Scores responses with every configured judge and the group reward, and composes the reward.
+
+    The one owner of reward composition: the runner hands it each group's
+    workflow results (:meth:`score_group`) and writes back the final scores.
+    ``group_reward`` ranks the responses of one task and adds the dimension
+    ``reward/group`` with weight ``group_reward_weight`` (1.0 by default),
+    normalized together with the judges' weights.
+    """
 
     def __init__(
         self,
         judges: list[JudgeSlot],
         *,
+        group_reward: BoundFunction | None = None,
         scores: ScoreConfig | None = None,
         group_reward_weight: float | None = None,
         strict_weights: bool = False,
         judge_timeout_s: float = 120.0,
         max_retries: int = 2,
+        source: str | None = None,
     ) -> None:
         names = [j.name for j in judges]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise ConfigError(f"judges: metric name(s) {dupes} used twice; give each judge a distinct 'name'")
+        if group_reward_weight is not None and group_reward is None:
+            raise ValueError("group_reward_weight is given but no group_reward")
         self.judges = judges
+        self.group_reward = group_reward
         self.gates = [j for j in judges if j.gate]
         self.scorers = [j for j in judges if not j.gate]
         self.scores = scores or ScoreConfig()
         self.judge_timeout_s = judge_timeout_s
         self.max_retries = max_retries
         raw = {j.name: j.weight for j in self.scorers}
-        if group_reward_weight is not None:
-            raw["group"] = group_reward_weight
-        self.weights = normalize_weights(raw, what="judge weights", strict=strict_weights) if raw else {}
+        if group_reward is not None:
+            raw["group"] = 1.0 if group_reward_weight is None else group_reward_weight
+        self.weights = (
+            normalize_weights(raw, what="judge weights", strict=strict_weights, source=source, key="judges")
+            if raw
+            else {}
+        )
         for j in self.scorers:
             if j.metric_weights:
                 j.metric_weights = normalize_weights(
-                    j.metric_weights, what=f"judge {j.name!r} metric_weights", strict=strict_weights
+                    j.metric_weights,
+                    what=f"judge {j.name!r} metric_weights",
+                    strict=strict_weights,
+                    source=source,
+                    key="metric_weights",
                 )
+
+    @property
+    def components(self) -> list[BoundFunction]:
+        """The judges and the group reward, as built for the run."""
+        return [slot.fn for slot in self.judges] + ([self.group_reward] if self.group_reward is not None else [])
 
     @property
     def dimensions(self) -> set[str]:
@@ -344,6 +452,11 @@ class RewardComposer:
         auxiliary_models: Any = None,
         logger: Any = None,
     ) -> Score:
+        """One response scored by the judges; its ``reward`` stays None while a group reward is to come.
+
+        A run scores through :meth:`score_group`, which adds the group reward;
+        this is for one response alone (an online trace, ``reinforge try``).
+        """
         start = time.perf_counter()
         tally = [0]
         result = await self._score(task, response, preset, timed_out, truncated, auxiliary_models, logger, tally)
@@ -387,9 +500,88 @@ class RewardComposer:
             return Score(reward=None, rewards=rewards, flags=flags, partial=partial)
         return Score(reward=partial, rewards=rewards, flags=flags, final=True)
 
-    def finish_with_group(self, score: Score, group_reward: float) -> float:
-        """Add the group reward's weighted share to a judge sum."""
-        score.rewards["reward/group"] = group_reward
-        score.reward = score.partial + self.group_weight * group_reward
-        score.final = True
-        return score.reward
+    async def score_group(
+        self,
+        task: dict,
+        rollouts: list[Rollout],
+        *,
+        auxiliary_models: Any = None,
+        logger: Any = None,
+        counters: Counter[str] | None = None,
+    ) -> list[Score]:
+        """Final scores of one task's responses: judges per response, then the group reward over the rest.
+
+        Responses fixed by a boundary score, a failed gate or the workflow's own
+        reward are not sent to the group reward. A transient failure of a judge
+        or the group reward is retried (``max_retries``) and then makes the
+        response FAILED (``reward`` None, never 0); ``counters`` gets
+        ``retries``, ``failed``, ``failed/judge`` and ``failed/group_reward``.
+        """
+        tally: Counter[str] = Counter() if counters is None else counters
+        scores = list(
+            await asyncio.gather(
+                *(
+                    self.score(
+                        task,
+                        r.response,
+                        preset=r.preset,
+                        timed_out=r.timed_out,
+                        truncated=r.truncated,
+                        auxiliary_models=auxiliary_models,
+                        logger=logger,
+                    )
+                    for r in rollouts
+                )
+            )
+        )
+        for score in scores:
+            tally["retries"] += score.retries
+            if score.status is TaskStatus.FAILED:
+                score.failure = "judge"
+                tally["failed"] += 1
+                tally["failed/judge"] += 1
+        pending = [(r, s) for r, s in zip(rollouts, scores) if s.status is TaskStatus.SUCCESS and not s.final]
+        if pending:
+            await self._apply_group_reward(task, pending, auxiliary_models, logger, tally)
+        return scores
+
+    async def _apply_group_reward(
+        self,
+        task: dict,
+        pending: list[tuple[Rollout, Score]],
+        aux: Any,
+        logger: Any,
+        tally: Counter[str],
+    ) -> None:
+        gr = self.group_reward
+        assert gr is not None, "a score is pending only when a group reward is configured"
+        responses = [r.response for r, _ in pending]
+        attempts = await call_with_retries(
+            lambda: gr.call(task, responses, auxiliary_models=aux, logger=logger),
+            lambda raw: gr.check_output(raw, group_size=len(responses)),
+            label=f"group reward {gr.name}",
+            timeout_s=self.judge_timeout_s,
+            max_retries=self.max_retries,
+        )
+        tally["retries"] += attempts.retries
+        out = attempts.output
+        if out is None:
+            log.warning("%s (after %d attempts)", attempts.error, 1 + self.max_retries)
+            tally["failed"] += len(pending)
+            tally["failed/group_reward"] += len(pending)
+            for _, score in pending:
+                score.status, score.error, score.reward, score.failure = (
+                    TaskStatus.FAILED,
+                    attempts.error,
+                    None,
+                    "group_reward",
+                )
+            return
+        assert isinstance(out, GroupRewardOutput)
+        metrics = {k: float(v) for k, v in out.metrics.items()}
+        for (_, score), value in zip(pending, out.rewards):
+            score.rewards["reward/group"] = float(value)
+            score.rewards.update({f"reward/group/{k}": v for k, v in metrics.items()})
+            score.group_metrics = dict(metrics)
+            score.reward = score.partial + self.group_weight * float(value)
+            score.final = True

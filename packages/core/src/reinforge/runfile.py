@@ -154,7 +154,9 @@ def load_run(path: str | os.PathLike[str], *, registry: Registry | None = None) 
 
     Relative dataset, model and ``config_path`` paths are taken against the
     run file's directory, which is also on ``sys.path`` while refs import.
-    Registered names are checked too when a ``registry`` is given.
+    Registered names and plugins' sections are checked too when a ``registry`` is given, and the run
+    keeps it (``run.registry``): :func:`~reinforge.job.build_job` and :func:`~reinforge.evaluation.evaluate`
+    build its components from it.
     """
     file = Path(path)
     where = str(path)
@@ -165,7 +167,7 @@ def load_run(path: str | os.PathLike[str], *, registry: Registry | None = None) 
     run: RunConfig = from_dict(RunConfig, data, where=where)
     run.sections = sections
     base = file.resolve().parent
-    run.source, run.base_dir = str(file.resolve()), str(base)
+    run.source, run.base_dir, run.registry = str(file.resolve()), str(base), registry
     for key in ("train_dataset", "eval_dataset"):
         ds: DatasetConfig | None = getattr(run, key)
         if ds is None:

@@ -1,4 +1,4 @@
-"""The shared async runner: workflow x group_size per task, then judges, then group reward.
+"""The shared async runner: workflow x group_size per task, then the composer scores the group.
 
 Every backend uses it. Transient failures (``TaskStatus.FAILED`` or an
 exception) are retried up to ``max_retries`` and then discarded with a counter;
@@ -16,18 +16,20 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import metric_names as mn
 from .config import RunnerConfig
 from .errors import ReinforgeError, RewardError, RunnerError, attributed
 from .models import ChatModel, RecordingChatModel
-from .outputs import GroupRewardOutput, TaskStatus
-from .retry import call_with_retries
-from .rewards import RewardComposer, Score
+from .outputs import TaskStatus
+from .rewards import RewardComposer, Rollout, Score
 from .signatures import BoundFunction
 from .text import response_text
 from .trajectory import Trajectory
+
+if TYPE_CHECKING:
+    from .lifecycle import RunContext
 
 log = logging.getLogger("reinforge.runner")
 
@@ -100,11 +102,10 @@ class Runner:
         *,
         model: ChatModel | None = None,
         model_provider: ModelProvider | None = None,
-        group_reward: BoundFunction | None = None,
         settings: RunnerSettings | None = None,
         auxiliary_models: dict[str, ChatModel] | None = None,
         sampling: dict[str, Any] | None = None,
-        hook: Any = None,
+        run: RunContext | None = None,
         logger: logging.Logger | None = None,
         model_adapter: ModelAdapter | None = None,
     ) -> None:
@@ -112,13 +113,12 @@ class Runner:
             raise ValueError("give the Runner exactly one of model= or model_provider=")
         self.workflow = workflow
         self.composer = composer
-        self.group_reward = group_reward
         self.settings = settings or RunnerSettings()
         if self.settings.group_size < 1:
             raise ValueError("group_size must be >= 1")
         self.auxiliary_models = auxiliary_models
         self.sampling = dict(sampling or {})
-        self.hook = hook
+        self.run_context = run  # observers hear of each trajectory through it (on_trajectory)
         self.logger = logger or logging.getLogger("reinforge.workflow")
         if model_provider is None:
             self.model_provider: ModelProvider = lambda t: RecordingChatModel(model, t, self.sampling)  # type: ignore[arg-type]
@@ -154,12 +154,18 @@ class Runner:
         group_id = uuid.uuid4().hex[:12]
         size = self.settings.group_size
         trajs = [Trajectory(task=task, task_index=task_index, rollout_index=k, group_id=group_id) for k in range(size)]
-        scores = await asyncio.gather(*(self._rollout(t, counters) for t in trajs))
+        outputs = await asyncio.gather(*(self._rollout(t, counters) for t in trajs))
         group = GroupResult(task=task, task_index=task_index, group_id=group_id)
-        alive = [(t, s) for t, s in zip(trajs, scores) if t.status is TaskStatus.SUCCESS]
-        pending = [(t, s) for t, s in alive if not s.final]
-        if pending:
-            await self._apply_group_reward(task, pending, group, counters)
+        alive = [(t, out) for t, out in zip(trajs, outputs) if out is not None]
+        scores = await self.composer.score_group(
+            task,
+            [out for _, out in alive],
+            auxiliary_models=self.auxiliary_models,
+            logger=self.logger,
+            counters=counters,
+        )
+        for (t, _), score in zip(alive, scores):
+            self._put_score(t, score, group)
         for t in trajs:
             (group.kept if t.ok else group.discarded).append(t)
         if group.discarded and group.kept:
@@ -171,43 +177,27 @@ class Runner:
             group.dropped = True
             counters["dropped_groups"] += 1
         counters["discarded"] += len(group.discarded)
-        if self.hook is not None:
+        if self.run_context is not None:
             for t in trajs:
-                self.hook.on_trajectory(trajectory=t)
+                self.run_context.trajectory_end(t)
         return group
 
-    async def _apply_group_reward(
-        self, task: dict[str, Any], pending: list[tuple[Trajectory, Score]], group: GroupResult, counters: Counter
-    ) -> None:
-        assert self.group_reward is not None, "a score is pending only when a group reward is configured"
-        gr = self.group_reward
-        responses = [t.response for t, _ in pending]
-        attempts = await call_with_retries(
-            lambda: gr.call(task, responses, auxiliary_models=self.auxiliary_models, logger=self.logger),
-            lambda raw: gr.check_output(raw, group_size=len(responses)),
-            label=f"group reward {gr.name}",
-            timeout_s=self.settings.judge_timeout_s,
-            max_retries=self.settings.max_retries,
-        )
-        counters["retries"] += attempts.retries
-        out = attempts.output
-        if out is not None:
-            assert isinstance(out, GroupRewardOutput)
-            for (t, score), value in zip(pending, out.rewards):
-                self.composer.finish_with_group(score, value)
-                t.reward = score.reward
-                t.rewards.update(score.rewards)
-            group.metrics.update({f"group/{k}": float(v) for k, v in out.metrics.items()})
+    @staticmethod
+    def _put_score(t: Trajectory, score: Score, group: GroupResult) -> None:
+        """Write the composer's final score into the trajectory (the one place a reward is written)."""
+        t.judge_seconds = score.seconds
+        t.metrics.update(score.flags)
+        if score.status is TaskStatus.FAILED:
+            t.status, t.error, t.reward = TaskStatus.FAILED, score.error, None
             return
-        last = attempts.error
-        counters["failed"] += len(pending)
-        counters["failed/group_reward"] += len(pending)
-        for t, _ in pending:
-            t.status, t.error, t.reward = TaskStatus.FAILED, last, None
+        t.reward = score.reward
+        t.rewards.update(score.rewards)
+        group.metrics.update({f"group/{k}": v for k, v in score.group_metrics.items()})
 
     # -- one rollout ------------------------------------------------------------------------
 
-    async def _rollout(self, t: Trajectory, counters: Counter) -> Score:
+    async def _rollout(self, t: Trajectory, counters: Counter) -> Rollout | None:
+        """The workflow, retried on transient failures; what there is to score, or None when every attempt failed."""
         settings = self.settings
         assert self._rollout_slots is not None
         for attempt in range(1 + settings.max_retries):
@@ -250,29 +240,10 @@ class Runner:
                 t.metrics.update({k: float(v) for k, v in out.metrics.items()})
                 if out.call_rewards is not None:
                     self._put_call_rewards(t, out.call_rewards)
-            score = await self.composer.score(
-                t.task,
-                t.response,
-                preset=preset,
-                timed_out=t.timed_out,
-                truncated=t.truncated,
-                auxiliary_models=self.auxiliary_models,
-                logger=self.logger,
-            )
-            t.judge_seconds = score.seconds
-            counters["retries"] += score.retries
-            t.metrics.update(score.flags)
-            if score.status is TaskStatus.FAILED:
-                t.status, t.error = TaskStatus.FAILED, score.error
-                counters["failed"] += 1
-                counters["failed/judge"] += 1
-                return score
-            t.reward = score.reward
-            t.rewards.update(score.rewards)
-            return score
+            return Rollout(t.response, preset=preset, timed_out=t.timed_out, truncated=t.truncated)
         counters["failed"] += 1
         counters["failed/workflow"] += 1
-        return Score(status=TaskStatus.FAILED, error=t.error)
+        return None
 
     # -- metrics ----------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from .errors import ComponentError, RewardError, SignatureError
 from .outputs import GroupRewardOutput, JudgeOutput, TaskStatus, WorkflowOutput
+from .settings import suggest
 
 REQUIRED = {
     "workflow": ("task", "model"),
@@ -197,7 +198,11 @@ def bind(
         if key in required or key in OPTIONAL:
             raise SignatureError(f"{kind} {label}: {key!r} is passed by reinforge and cannot be set in args")
         if key not in known and not accepts_any:
-            raise SignatureError(f"{kind} {label} has no parameter {key!r} (set in args)")
+            settable = sorted(known - set(required) - set(OPTIONAL))
+            raise SignatureError(
+                f"{kind} {label} has no parameter {key!r} (set in args){suggest(key, settable)}; "
+                f"its settings: {', '.join(settable) or 'none'}"
+            )
     return BoundFunction(func, role, label, settings, tuple(passes), _is_async(func))
 
 
