@@ -22,12 +22,12 @@ import pytest
 pytest.importorskip("agentscope", reason="needs reinforge[agentscope]; `nox -s agentscope` runs this module")
 
 # --- the tutorial's code, verbatim but for the agentscope.tuner imports ---------------------------------------
-from agentscope.agent import ReActAgent  # noqa: E402
-from agentscope.formatter import OpenAIChatFormatter  # noqa: E402
-from agentscope.message import Msg  # noqa: E402
-from agentscope.model import ChatModelBase  # noqa: E402
+from agentscope.agent import ReActAgent
+from agentscope.formatter import OpenAIChatFormatter
+from agentscope.message import Msg
+from agentscope.model import ChatModelBase
 
-from reinforge import WorkflowOutput  # noqa: E402
+from reinforge import WorkflowOutput
 
 
 async def example_workflow_function(

@@ -16,19 +16,19 @@ import pytest
 pytest.importorskip("reinforge_online")
 pytest.importorskip("uvicorn")
 
-from starlette.applications import Starlette  # noqa: E402
-from starlette.requests import Request  # noqa: E402
-from starlette.responses import JSONResponse, Response  # noqa: E402
-from starlette.routing import Route  # noqa: E402
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-import reinforge_backend_trinity.plugin as trinity_plugin  # noqa: E402
-from reinforge.plugin import ConfigError  # noqa: E402
-from reinforge.testing import BackgroundServer  # noqa: E402
-from reinforge_backend_trinity.online_committer import TrinityCommitter, feedback_of  # noqa: E402
-from reinforge_online import CommitterContext, build_committer  # noqa: E402
-from reinforge_online.feedback import FeedbackRequest, apply_feedback  # noqa: E402
-from reinforge_online.outbox import Outbox  # noqa: E402
-from reinforge_online.store import CallRecord, TraceStore  # noqa: E402
+import reinforge_backend_trinity.plugin as trinity_plugin
+from reinforge.plugin import ConfigError
+from reinforge.testing import BackgroundServer
+from reinforge_backend_trinity.online_committer import TrinityCommitter, feedback_of
+from reinforge_online import CommitterContext, build_committer
+from reinforge_online.feedback import FeedbackRequest, apply_feedback
+from reinforge_online.outbox import Outbox
+from reinforge_online.store import CallRecord, TraceStore
 
 
 def call(i: int, response_id: str | None) -> CallRecord:
