@@ -22,8 +22,7 @@ pytest.importorskip("agentscope", reason="needs reinforge[agentscope]; `nox -s a
 from agentscope.message import Msg, TextBlock
 from agentscope.model import ChatModelBase, ChatResponse
 
-from reinforge.job import build_job
-from reinforge.plugin import ModelConfig, load_run
+from reinforge.plugin import ModelConfig, build_job, load_run
 from reinforge_backend_local.rollouts.runtime import PolicyRuntime
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "react-agentscope"

@@ -95,9 +95,13 @@ async def example_judge_function(
 # --- the test ---------------------------------------------------------------------------------------------------
 
 from reinforge import hookimpl, tune  # noqa: E402
-from reinforge.agentscope_model import agentscope_chat_model  # noqa: E402
-from reinforge.config import AlgorithmConfig, DatasetConfig, ModelConfig  # noqa: E402
-from reinforge.plugins import get_plugin_manager  # noqa: E402
+from reinforge.plugin import (  # noqa: E402
+    AlgorithmConfig,
+    DatasetConfig,
+    ModelConfig,
+    agentscope_chat_model,
+    get_plugin_manager,
+)
 
 SYS_PROMPT = "You are a helpful math problem solving agent."
 

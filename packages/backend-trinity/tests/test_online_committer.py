@@ -189,7 +189,7 @@ def test_bad_args_name_the_file_and_the_key(tmp_path, pm, args, message):
 
 def test_the_plugin_loads_without_reinforge_online(reinforge_pm):
     """Without online's hookspec the hookimpl is optional: the plugin registers and nothing is broken."""
-    from reinforge.plugins import check_hookimpls
+    from reinforge.testing import check_hookimpls
 
     reinforge_pm.register(trinity_plugin, name="reinforge-backend-trinity")
     assert not reinforge_pm.hook.register_committers.has_spec()
