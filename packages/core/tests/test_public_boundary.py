@@ -81,6 +81,6 @@ def test_ruff_names_file_and_line_of_every_import_form_of_a_core_internal(tmp_pa
     ], proc.stdout
 
 
-def test_every_plugin_package_and_the_template_pass_the_boundary() -> None:
-    proc = ruff_check(ROOT / "packages", ROOT / "templates" / "plugin")
+def test_every_plugin_package_the_template_and_the_examples_pass_the_boundary() -> None:
+    proc = ruff_check(ROOT / "packages", ROOT / "templates" / "plugin", ROOT / "examples")
     assert proc.returncode == 0, "plugins must import core through its public API:\n" + proc.stdout + proc.stderr
