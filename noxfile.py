@@ -44,10 +44,10 @@ from pathlib import Path
 # The pyenv shims answer for python3.10 ... python3.13 only when these are all selected.
 os.environ.setdefault("PYENV_VERSION", "3.11.7:3.10.13:3.12.1:3.13.0")
 
-import nox  # noqa: E402
-from packaging.requirements import InvalidRequirement, Requirement  # noqa: E402
-from packaging.specifiers import SpecifierSet  # noqa: E402
-from packaging.utils import canonicalize_name  # noqa: E402
+import nox
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 
 nox.needs_version = ">=2025.5.1"
 # agentscope: about 2 of the ~30 minutes; online_postgres: about 1 (Debian's postgresql installed first if missing)

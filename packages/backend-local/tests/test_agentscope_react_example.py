@@ -19,12 +19,11 @@ import pytest
 
 pytest.importorskip("agentscope", reason="needs reinforge[agentscope]; `nox -s agentscope` runs this module")
 
-from agentscope.message import Msg, TextBlock  # noqa: E402
-from agentscope.model import ChatModelBase, ChatResponse  # noqa: E402
+from agentscope.message import Msg, TextBlock
+from agentscope.model import ChatModelBase, ChatResponse
 
-from reinforge.job import build_job  # noqa: E402
-from reinforge.plugin import ModelConfig, load_run  # noqa: E402
-from reinforge_backend_local.rollouts.runtime import PolicyRuntime  # noqa: E402
+from reinforge.plugin import ModelConfig, build_job, load_run
+from reinforge_backend_local.rollouts.runtime import PolicyRuntime
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "react-agentscope"
 RUN_FILE = EXAMPLE / "run.yaml"

@@ -22,12 +22,12 @@ import pytest
 pytest.importorskip("agentscope", reason="needs reinforge[agentscope]; `nox -s agentscope` runs this module")
 
 # --- the tutorial's code, verbatim but for the agentscope.tuner imports ---------------------------------------
-from agentscope.agent import ReActAgent  # noqa: E402
-from agentscope.formatter import OpenAIChatFormatter  # noqa: E402
-from agentscope.message import Msg  # noqa: E402
-from agentscope.model import ChatModelBase  # noqa: E402
+from agentscope.agent import ReActAgent
+from agentscope.formatter import OpenAIChatFormatter
+from agentscope.message import Msg
+from agentscope.model import ChatModelBase
 
-from reinforge import WorkflowOutput  # noqa: E402
+from reinforge import WorkflowOutput
 
 
 async def example_workflow_function(
@@ -95,9 +95,13 @@ async def example_judge_function(
 # --- the test ---------------------------------------------------------------------------------------------------
 
 from reinforge import hookimpl, tune  # noqa: E402
-from reinforge.agentscope_model import agentscope_chat_model  # noqa: E402
-from reinforge.config import AlgorithmConfig, DatasetConfig, ModelConfig  # noqa: E402
-from reinforge.plugins import get_plugin_manager  # noqa: E402
+from reinforge.plugin import (  # noqa: E402
+    AlgorithmConfig,
+    DatasetConfig,
+    ModelConfig,
+    agentscope_chat_model,
+    get_plugin_manager,
+)
 
 SYS_PROMPT = "You are a helpful math problem solving agent."
 

@@ -3,9 +3,7 @@ import statistics
 import pytest
 
 from reinforge import ChatResponse, ModelCall, Trajectory
-from reinforge.config import AlgorithmConfig
-from reinforge.errors import ConfigError
-from reinforge.runner import BatchResult, GroupResult
+from reinforge.plugin import AlgorithmConfig, BatchResult, ConfigError, GroupResult
 from reinforge_backend_local.training.algorithms import ALGORITHMS, advantages, algorithm
 from reinforge_backend_local.training.trainer import build_samples
 

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from reinforge import cli
-from reinforge.testing import build_and_install, plugin_env, run_process
+from reinforge.testing import build_and_install, cli_main, plugin_env, run_process
 
 TIMEOUT = 120
 DIST = "reinforge-backend-toy"
@@ -205,7 +204,7 @@ def test_a_wrong_type_in_local_backend_args_fails_before_any_model_loads(tmp_pat
     text = RUN.format(flow="toyflow_mb", model="no-such-model", algorithm="  group_size: 2")
     run_file.write_text(text + 'backend: local\nbackend_args: {micro_batch: "8"}\n')
 
-    code = cli.main(["tune", str(run_file), *(["--dry-run"] if dry_run else [])])
+    code = cli_main(["tune", str(run_file), *(["--dry-run"] if dry_run else [])])
     err = capsys.readouterr().err
     assert code == 1, err
     assert f"{run_file.resolve()}: backend_args.micro_batch: expected an integer, got str '8'" in err, err
@@ -220,7 +219,7 @@ def test_the_old_report_switch_in_backend_args_points_at_the_reports_own_section
     text = RUN.format(flow="toyflow_rp", model="no-such-model", algorithm="  group_size: 2")
     run_file.write_text(text + "backend: local\nbackend_args: {report: false}\n")
 
-    assert cli.main(["tune", str(run_file), "--dry-run"]) == 1
+    assert cli_main(["tune", str(run_file), "--dry-run"]) == 1
     err = capsys.readouterr().err
     assert (
         "backend_args.report: moved to reinforge-report's own section of the run file: report: {enabled: false}" in err
@@ -245,7 +244,7 @@ def test_a_run_without_train_dataset_is_refused_by_tune_and_its_dry_run_alike(tm
     text = RUN.format(flow="toyflow_nodata", model="no-such-model", algorithm="  group_size: 2")
     run_file.write_text(text.replace("train_dataset: {path: data.jsonl}\n", ""))
 
-    code = cli.main(["tune", str(run_file), *(["--dry-run"] if dry_run else [])])
+    code = cli_main(["tune", str(run_file), *(["--dry-run"] if dry_run else [])])
     err = capsys.readouterr().err
     assert code == 1, err
     assert f"{run_file.resolve()}: train_dataset: the local backend needs a train_dataset" in err, err
@@ -261,7 +260,7 @@ def test_the_local_dry_run_describes_the_checked_settings(tmp_path, monkeypatch,
     text = RUN.format(flow="toyflow_dry", model="no-such-model", algorithm=algorithm)
     run_file.write_text(text + "backend_args: {micro_batch: 4, output_dir: out}\n")
 
-    assert cli.main(["tune", str(run_file), "--dry-run"]) == 0
+    assert cli_main(["tune", str(run_file), "--dry-run"]) == 0
     described = json.loads(capsys.readouterr().out)
     assert described["backend"] == "local" and described["algorithm"] == "reinforce_pp"
     assert described["algorithm_settings"]["kl_coef"] == 0.05 and "scale_rewards" not in described["algorithm_settings"]
@@ -271,11 +270,11 @@ def test_the_local_dry_run_describes_the_checked_settings(tmp_path, monkeypatch,
 
 
 def test_the_backend_declares_its_settings_and_algorithms():
-    from reinforge.plugin import Backend
-    from reinforge.plugins import build_registry, get_plugin_manager
+    from reinforge.plugin import Backend, get_plugin_manager
+    from reinforge.testing import plugin_registry
     from reinforge_backend_local.backend import LocalBackend, LocalSettings
 
-    comp = build_registry(get_plugin_manager()).get("backends", "local")
+    comp = plugin_registry(get_plugin_manager()).get("backends", "local")
     assert comp is not None and comp.obj is LocalBackend and issubclass(LocalBackend, Backend)
     assert LocalBackend.name == "local" and LocalBackend.settings is LocalSettings
     assert LocalBackend.algorithm_aliases == {"reinforce++": "reinforce_pp", "reinforce_plus_plus": "reinforce_pp"}

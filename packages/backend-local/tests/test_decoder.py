@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from reinforge.config import ModelConfig
+from reinforge.plugin import ModelConfig
 from reinforge_backend_local.inference.decoder import LlamaDecoder, unsupported_reason
 from reinforge_backend_local.inference.engine import Engine, GenRequest
 from reinforge_backend_local.inference.policy import ChatTemplate

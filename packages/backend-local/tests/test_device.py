@@ -88,7 +88,7 @@ def test_cpu_and_auto_need_no_torch_query() -> None:
 
 
 @pytest.fixture(scope="module")
-def tiny_model(model_folder, tmp_path_factory):  # noqa: ANN001, ANN201 - pytest fixtures
+def tiny_model(model_folder, tmp_path_factory):
     """A 2-layer random Llama with SmolLM2's tokenizer and chat template: loads in well under a second."""
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 
@@ -112,7 +112,7 @@ def tiny_model(model_folder, tmp_path_factory):  # noqa: ANN001, ANN201 - pytest
 
 
 @pytest.mark.parametrize("dtype", ["float32", "auto", "bfloat16"])
-def test_load_policy_on_the_cpu(tiny_model, dtype: str) -> None:  # noqa: ANN001
+def test_load_policy_on_the_cpu(tiny_model, dtype: str) -> None:
     model, tokenizer, folder = load_policy(str(tiny_model), dtype=dtype, device="cpu")
     param = next(model.parameters())
     assert param.device.type == "cpu" and folder == tiny_model and tokenizer.chat_template
@@ -120,17 +120,17 @@ def test_load_policy_on_the_cpu(tiny_model, dtype: str) -> None:  # noqa: ANN001
     assert not model.training
 
 
-def test_load_policy_auto_without_a_gpu_is_the_cpu(tiny_model, no_cuda: None) -> None:  # noqa: ANN001
+def test_load_policy_auto_without_a_gpu_is_the_cpu(tiny_model, no_cuda: None) -> None:
     model, _, _ = load_policy(str(tiny_model), device="auto")
     assert next(model.parameters()).device.type == "cpu"
 
 
-def test_load_policy_refuses_a_missing_gpu(tiny_model, no_cuda: None) -> None:  # noqa: ANN001
+def test_load_policy_refuses_a_missing_gpu(tiny_model, no_cuda: None) -> None:
     with pytest.raises(ConfigError, match="device: 'cuda', but no CUDA device"):
         load_policy(str(tiny_model), device="cuda")
 
 
-def test_a_checkpoint_holds_cpu_tensors_and_loads_back(tiny_model, tmp_path) -> None:  # noqa: ANN001
+def test_a_checkpoint_holds_cpu_tensors_and_loads_back(tiny_model, tmp_path) -> None:
     """Saved tensors are CPU tensors whatever the device; here (CPU) the round trip is exact."""
     model, _, _ = load_policy(str(tiny_model), device="cpu")
     model.requires_grad_(True)

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from reinforge import JudgeOutput, WorkflowOutput, tune
-from reinforge.cli import main
-from reinforge.config import AlgorithmConfig, DatasetConfig, ModelConfig
+from reinforge.plugin import AlgorithmConfig, DatasetConfig, ModelConfig
+from reinforge.testing import cli_main
 from reinforge_backend_local.model import checkpoint
 from reinforge_backend_local.serve.export import export_run
 
@@ -95,7 +95,7 @@ def reference(run_dir, model_folder):
 
 
 def _export(capsys, *args):
-    code = main(["export", *map(str, args)])
+    code = cli_main(["export", *map(str, args)])
     captured = capsys.readouterr()
     return code, captured.out + captured.err
 

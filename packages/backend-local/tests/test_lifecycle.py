@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 
 from reinforge import JudgeOutput, WorkflowOutput, hookimpl, tune
-from reinforge.config import AlgorithmConfig, DatasetConfig, ModelConfig
-from reinforge.errors import RunnerError
-from reinforge.plugins import get_plugin_manager
+from reinforge.plugin import AlgorithmConfig, DatasetConfig, ModelConfig, RunnerError, get_plugin_manager
 from reinforge.testing import HookRecorder
 
 

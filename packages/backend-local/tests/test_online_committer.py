@@ -29,10 +29,10 @@ from reinforge_backend_local.online.committer import (
 
 pytest.importorskip("reinforge_online")
 
-from reinforge_online import CommitterContext, build_committer  # noqa: E402
-from reinforge_online.outbox import Outbox  # noqa: E402
-from reinforge_online.store import CallRecord, TraceStore  # noqa: E402
-from reinforge_online.versions import Version, VersionedCommitter  # noqa: E402
+from reinforge_online import CommitterContext, build_committer
+from reinforge_online.outbox import Outbox
+from reinforge_online.store import CallRecord, TraceStore
+from reinforge_online.versions import Version, VersionedCommitter
 
 
 def row(trace: str, reward: float | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
@@ -355,7 +355,7 @@ def test_the_installed_entry_point_registers_the_committer():
 
 def test_the_plugin_loads_without_reinforge_online(reinforge_pm):
     """Without online's hookspec the hookimpl is optional: the plugin registers and nothing is broken."""
-    from reinforge.plugins import check_hookimpls
+    from reinforge.testing import check_hookimpls
 
     reinforge_pm.register(local_plugin, name="reinforge-backend-local")
     assert not reinforge_pm.hook.register_committers.has_spec()
@@ -395,7 +395,7 @@ def test_close_stops_a_worker_stuck_in_training_and_the_batch_stays_committing(t
     def send() -> None:
         try:
             sink.send("b1", [row("a", 1.0, [pcall("q", [5])]), row("b", 0.0, [pcall("p", [6])])])
-        except BaseException as exc:  # noqa: BLE001 - what the committer would see
+        except BaseException as exc:
             errors.append(exc)
 
     thread = threading.Thread(target=send)

@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from reinforge.config import ModelConfig
-from reinforge.plugin import ConfigError
+from reinforge.plugin import ConfigError, ModelConfig
 from reinforge_backend_local.model import packing
 from reinforge_backend_local.model.modeling import load_policy
 from reinforge_backend_local.model.weights import attach_lora

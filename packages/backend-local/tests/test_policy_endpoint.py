@@ -6,10 +6,8 @@ import json
 import pytest
 
 from reinforge import JudgeOutput, WorkflowOutput
-from reinforge.config import ModelConfig
-from reinforge.rewards import JudgeSlot, RewardComposer
-from reinforge.runner import Runner, RunnerSettings
-from reinforge.signatures import bind
+from reinforge.plugin import ComponentSpec, ModelConfig, RunConfig, get_plugin_manager
+from reinforge.testing import runner_for
 from reinforge_backend_local.rollouts.runtime import PolicyRuntime
 
 QUESTION = [{"role": "user", "content": "Say hello."}]
@@ -41,7 +39,7 @@ async def openai_sdk(task, model):
 
 
 async def through_litellm(task, model):
-    from reinforge.litellm_model import LiteLLMChatModel
+    from reinforge.plugin import LiteLLMChatModel
 
     reply = await LiteLLMChatModel("policy", api_base=model.base_url).chat(QUESTION, max_tokens=6)
     return WorkflowOutput(response=reply.content)
@@ -52,14 +50,11 @@ def judge(task, response):
 
 
 def run(policy, workflow, tasks, group_size=2):
-    composer = RewardComposer([JudgeSlot("one", bind(judge, "judge"))])
-    runner = Runner(
-        bind(workflow, "workflow"),
-        composer,
-        model_provider=policy.provider(("test",), 0, {"max_tokens": 6, "temperature": 1.0}),
-        settings=RunnerSettings(group_size=group_size),
-    )
-    return asyncio.run(runner.run_batch(tasks))
+    run_config = RunConfig(workflow=ComponentSpec(ref=workflow), judges=[ComponentSpec(ref=judge, name="one")])
+    provider = policy.provider(("test",), 0, {"max_tokens": 6, "temperature": 1.0})
+    pm = get_plugin_manager(load_entrypoints=False)
+    with runner_for(run_config, model_provider=provider, plugin_manager=pm, group_size=group_size) as runner:
+        return asyncio.run(runner.run_batch(tasks))
 
 
 @pytest.mark.parametrize("workflow", [in_process, openai_sdk, through_litellm])

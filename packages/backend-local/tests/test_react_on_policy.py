@@ -5,10 +5,8 @@ import asyncio
 import pytest
 
 from reinforge import JudgeOutput
-from reinforge.config import ModelConfig
-from reinforge.rewards import JudgeSlot, RewardComposer
-from reinforge.runner import Runner, RunnerSettings
-from reinforge.signatures import bind
+from reinforge.plugin import ComponentSpec, ModelConfig, RunConfig, get_plugin_manager
+from reinforge.testing import runner_for
 from reinforge_backend_local.rollouts.runtime import PolicyRuntime
 from reinforge_rollouts_react import react_workflow
 
@@ -21,15 +19,16 @@ def policy(model_folder):
 
 
 def test_one_episode_runs_end_to_end_and_every_turn_is_recorded_with_tokens(policy):
-    workflow = bind(react_workflow, "workflow", {"tools": ["calculator"], "max_turns": 2, "action_format": "auto"})
-    composer = RewardComposer([JudgeSlot("any", bind(lambda task, response: JudgeOutput(reward=0.0), "judge"))])
-    runner = Runner(
-        workflow,
-        composer,
-        settings=RunnerSettings(group_size=2),
-        model_provider=policy.provider(("react",), 0, {"max_tokens": 12, "temperature": 1.0}),
+    run_config = RunConfig(
+        workflow=ComponentSpec(
+            ref=react_workflow, args={"tools": ["calculator"], "max_turns": 2, "action_format": "auto"}
+        ),
+        judges=[ComponentSpec(ref=lambda task, response: JudgeOutput(reward=0.0), name="any")],
     )
-    result = asyncio.run(runner.run_batch([{"question": "What is 347 * 28?", "answer": "9716"}]))
+    provider = policy.provider(("react",), 0, {"max_tokens": 12, "temperature": 1.0})
+    pm = get_plugin_manager(load_entrypoints=False)
+    with runner_for(run_config, model_provider=provider, plugin_manager=pm, group_size=2) as runner:
+        result = asyncio.run(runner.run_batch([{"question": "What is 347 * 28?", "answer": "9716"}]))
     assert len(result.trajectories) == 2
     for t in result.trajectories:
         turns = t.metrics["turns"]

@@ -9,8 +9,7 @@ import json
 from pathlib import Path
 
 from reinforge import JudgeOutput, WorkflowOutput, tune
-from reinforge.config import AlgorithmConfig, DatasetConfig, ModelConfig
-from reinforge.plugins import get_plugin_manager
+from reinforge.plugin import AlgorithmConfig, DatasetConfig, ModelConfig, get_plugin_manager
 
 
 async def workflow(task, model):

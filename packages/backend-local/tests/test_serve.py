@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
 from reinforge.testing import BackgroundServer
 
 KEY = "s3cret-key"
@@ -515,14 +515,14 @@ def test_checkpoint_adapter_is_merged(tmp_path: Any, model_folder: Any) -> None:
 
 
 def test_command_line(monkeypatch: pytest.MonkeyPatch, model_folder: Any) -> None:
-    from reinforge.cli import main
+    from reinforge.testing import cli_main
 
     with pytest.raises(SystemExit) as exc:
-        main(["serve", "--help"])
+        cli_main(["serve", "--help"])
     assert exc.value.code == 0
     monkeypatch.delenv("NO_SUCH_KEY_VAR", raising=False)
-    assert main(["serve", str(model_folder), "--api-key-env", "NO_SUCH_KEY_VAR"]) == 1
-    assert main(["serve", str(model_folder), "--port", "70000"]) == 1
+    assert cli_main(["serve", str(model_folder), "--api-key-env", "NO_SUCH_KEY_VAR"]) == 1
+    assert cli_main(["serve", str(model_folder), "--port", "70000"]) == 1
 
 
 def test_reinforge_serve_command_serves_a_run(tmp_path: Any, model_folder: Any) -> None:

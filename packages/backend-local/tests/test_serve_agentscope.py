@@ -19,14 +19,14 @@ import pytest
 
 pytest.importorskip("agentscope", reason="needs reinforge[agentscope]; `nox -s agentscope` runs this module")
 
-from agentscope.agent import ReActAgent  # noqa: E402
-from agentscope.formatter import OpenAIChatFormatter  # noqa: E402
-from agentscope.memory import InMemoryMemory  # noqa: E402
-from agentscope.message import Msg, TextBlock  # noqa: E402
-from agentscope.model import OpenAIChatModel  # noqa: E402
-from agentscope.tool import Toolkit, ToolResponse  # noqa: E402
+from agentscope.agent import ReActAgent
+from agentscope.formatter import OpenAIChatFormatter
+from agentscope.memory import InMemoryMemory
+from agentscope.message import Msg, TextBlock
+from agentscope.model import OpenAIChatModel
+from agentscope.tool import Toolkit, ToolResponse
 
-from reinforge.testing import BackgroundServer  # noqa: E402
+from reinforge.testing import BackgroundServer
 
 KEY = "agentscope-key"
 CHAT_PATH = "/v1/chat/completions"

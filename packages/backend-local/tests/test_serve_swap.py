@@ -276,7 +276,7 @@ def test_admin_endpoint_disabled_without_an_admin_key(served: Any, adapters: dic
 
 
 def test_same_key_for_traffic_and_admin_is_refused(served: Any) -> None:
-    from reinforge.errors import ConfigError
+    from reinforge.plugin import ConfigError
     from reinforge_backend_local.serve.app import build_app
 
     with pytest.raises(ConfigError, match="must differ"):
@@ -314,7 +314,7 @@ def test_swapper_is_exact(model_folder: Any, adapters: dict[str, Path]) -> None:
 def test_admin_key_env(monkeypatch: pytest.MonkeyPatch, model_folder: Any) -> None:
     import argparse
 
-    from reinforge.errors import ConfigError
+    from reinforge.plugin import ConfigError
     from reinforge_backend_local.serve import command
 
     parser = argparse.ArgumentParser()

@@ -6,8 +6,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from reinforge.config import ModelConfig
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError, ModelConfig
 from reinforge_backend_local.inference.engine import Engine, GenRequest
 from reinforge_backend_local.inference.policy import ChatTemplate
 from reinforge_backend_local.model import packing

@@ -6,9 +6,7 @@ from pathlib import Path
 import pytest
 
 from reinforge import JudgeOutput, WorkflowOutput, hookimpl, tune
-from reinforge.config import AlgorithmConfig, DatasetConfig, ModelConfig
-from reinforge.errors import ConfigError
-from reinforge.plugins import get_plugin_manager
+from reinforge.plugin import AlgorithmConfig, ConfigError, DatasetConfig, ModelConfig, get_plugin_manager
 
 
 async def workflow(task, model):

@@ -50,7 +50,7 @@ def write_run(folder: Path, data: dict[str, Any], name: str = "run.yaml") -> Pat
 def build(path: Path) -> Any:
     """The checked job core builds for ``reinforge tune PATH --backend trinity``."""
     from reinforge import load_run
-    from reinforge.job import build_job
+    from reinforge.plugin import build_job
 
     return build_job(load_run(path), backend="trinity", need_backend=True)
 

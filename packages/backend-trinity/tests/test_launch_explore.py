@@ -40,8 +40,10 @@ def test_explore_stage_writes_experiences_with_tokens_and_logprobs(
     import ray
     from transformers import AutoTokenizer
 
-    from reinforge.judges.rules import last_number
+    from reinforge.plugin import get_plugin_manager, resolve_ref
+    from reinforge.testing import plugin_registry
 
+    last_number = resolve_ref("last_number", "judges", plugin_registry(get_plugin_manager(load_entrypoints=False)))
     ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # Ray's sockets must fit AF_UNIX's 107 bytes
     monkeypatch.setenv("RAY_TMPDIR", ray_tmp)
     data = math_run()

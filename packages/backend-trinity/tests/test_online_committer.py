@@ -16,19 +16,19 @@ import pytest
 pytest.importorskip("reinforge_online")
 pytest.importorskip("uvicorn")
 
-from starlette.applications import Starlette  # noqa: E402
-from starlette.requests import Request  # noqa: E402
-from starlette.responses import JSONResponse, Response  # noqa: E402
-from starlette.routing import Route  # noqa: E402
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-import reinforge_backend_trinity.plugin as trinity_plugin  # noqa: E402
-from reinforge.plugin import ConfigError  # noqa: E402
-from reinforge.testing import BackgroundServer  # noqa: E402
-from reinforge_backend_trinity.online_committer import TrinityCommitter, feedback_of  # noqa: E402
-from reinforge_online import CommitterContext, build_committer  # noqa: E402
-from reinforge_online.feedback import FeedbackRequest, apply_feedback  # noqa: E402
-from reinforge_online.outbox import Outbox  # noqa: E402
-from reinforge_online.store import CallRecord, TraceStore  # noqa: E402
+import reinforge_backend_trinity.plugin as trinity_plugin
+from reinforge.plugin import ConfigError
+from reinforge.testing import BackgroundServer
+from reinforge_backend_trinity.online_committer import TrinityCommitter, feedback_of
+from reinforge_online import CommitterContext, build_committer
+from reinforge_online.feedback import FeedbackRequest, apply_feedback
+from reinforge_online.outbox import Outbox
+from reinforge_online.store import CallRecord, TraceStore
 
 
 def call(i: int, response_id: str | None) -> CallRecord:
@@ -189,7 +189,7 @@ def test_bad_args_name_the_file_and_the_key(tmp_path, pm, args, message):
 
 def test_the_plugin_loads_without_reinforge_online(reinforge_pm):
     """Without online's hookspec the hookimpl is optional: the plugin registers and nothing is broken."""
-    from reinforge.plugins import check_hookimpls
+    from reinforge.testing import check_hookimpls
 
     reinforge_pm.register(trinity_plugin, name="reinforge-backend-trinity")
     assert not reinforge_pm.hook.register_committers.has_spec()

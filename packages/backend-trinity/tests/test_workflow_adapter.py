@@ -24,7 +24,7 @@ from conftest import config_of, start_external_model_actor, trinity_resolve, wri
 pytest.importorskip("trinity")
 pytest.importorskip("reinforge_backend_local")
 
-import adapter_components  # noqa: E402 - the test components; the run resolves them from its own copy
+import adapter_components
 
 HERE = Path(__file__).resolve().parent
 QUESTIONS = [{"question": "What is 2 + 3?", "answer": "5"}, {"question": "What is 10 + 7?", "answer": "17"}]

@@ -42,7 +42,7 @@ def test_sync_functions_run_in_a_thread():
 )
 def test_wrong_signatures_name_the_function_and_parameter(source, message):
     ns = {}
-    exec(source, ns)  # noqa: S102 - building test functions with odd signatures
+    exec(source, ns)
     with pytest.raises(SignatureError) as err:
         bind(ns["f"], "workflow")
     assert message in str(err.value) and ":f" in str(err.value)

@@ -8,7 +8,7 @@ import math
 import pytest
 from judges_llm_testlib import JudgeScript, quality
 
-from reinforge.cli import main
+from reinforge.testing import cli_main
 from reinforge_judges_llm import audit
 
 
@@ -42,7 +42,7 @@ def test_audit_catches_a_position_biased_pairwise_judge(openai_server, tmp_path,
     write_sample(sample, reference=True)
     srv = openai_server(JudgeScript(pairwise=lambda task, a, b: "A"))
     args = json.dumps({"model": "judge", "api_base": srv.base_url})
-    code = main(["judge", "audit", "--judge", "llm-pairwise", "--sample", str(sample), "--args", args, "--json"])
+    code = cli_main(["judge", "audit", "--judge", "llm-pairwise", "--sample", str(sample), "--args", args, "--json"])
     report = _report(capsys)
     assert code == 1
     assert report["flip_rate"] == 1.0 and report["comparisons"] == 20
@@ -54,7 +54,7 @@ def test_audit_catches_length_bias_and_position_bias_of_a_pointwise_judge(openai
     write_sample(sample)
     srv = openai_server(JudgeScript(pointwise=length_loving, pairwise=lambda task, a, b: "B"))
     args = json.dumps({"model": "judge", "api_base": srv.base_url})
-    code = main(["judge", "audit", "--judge", "llm-pointwise", "--sample", str(sample), "--args", args, "--json"])
+    code = cli_main(["judge", "audit", "--judge", "llm-pointwise", "--sample", str(sample), "--args", args, "--json"])
     out_report = _report(capsys)
     assert code == 1
     assert out_report["length_spearman"] > 0.8 and out_report["length_slope"] > 0

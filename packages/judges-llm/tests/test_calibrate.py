@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from judges_llm_testlib import GOLD_JUDGE_SCORES, JudgeScript, gold_score, inverted_gold_score
 
-from reinforge.cli import main
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
+from reinforge.testing import cli_main
 from reinforge_judges_llm import CalibrationError, PointwiseJudge, calibrate, load_examples, require_calibration
 
 GOLD = Path(__file__).parent / "data" / "gold.jsonl"
@@ -28,7 +28,7 @@ def _last_json(text: str) -> dict:
 def test_cli_calibrate_an_llm_judge_gives_the_hand_checked_values(openai_server, capsys) -> None:
     srv = openai_server(JudgeScript(pointwise=gold_score))
     args = json.dumps({"model": "judge", "api_base": srv.base_url})
-    code = main(["judge", "calibrate", "--judge", "llm-pointwise", "--gold", str(GOLD), "--args", args, "--json"])
+    code = cli_main(["judge", "calibrate", "--judge", "llm-pointwise", "--gold", str(GOLD), "--args", args, "--json"])
     out = capsys.readouterr().out
     assert code == 0, out
     report = _last_json(out)
@@ -41,7 +41,7 @@ def test_cli_calibrate_an_llm_judge_gives_the_hand_checked_values(openai_server,
 
 
 def test_cli_calibrate_any_judge_reference(capsys) -> None:
-    code = main(["judge", "calibrate", "--judge", "judges_llm_testlib:table_judge", "--gold", str(GOLD), "--json"])
+    code = cli_main(["judge", "calibrate", "--judge", "judges_llm_testlib:table_judge", "--gold", str(GOLD), "--json"])
     report = _last_json(capsys.readouterr().out)
     assert code == 0
     assert (report["spearman"], report["kendall"], report["kappa"]) == pytest.approx((RHO, TAU, KAPPA))
@@ -49,12 +49,12 @@ def test_cli_calibrate_any_judge_reference(capsys) -> None:
 
 def test_cli_calibrate_fails_below_a_threshold(capsys) -> None:
     ref = "judges_llm_testlib:table_judge"
-    code = main(["judge", "calibrate", "--judge", ref, "--gold", str(GOLD), "--min-kappa", "0.5"])
+    code = cli_main(["judge", "calibrate", "--judge", ref, "--gold", str(GOLD), "--min-kappa", "0.5"])
     out = capsys.readouterr().out
     assert code == 1 and "FAIL" in out and "Cohen's kappa 0.385 < 0.5" in out
-    code = main(["judge", "calibrate", "--judge", ref, "--gold", str(GOLD), "--min-spearman", "0.9"])
+    code = cli_main(["judge", "calibrate", "--judge", ref, "--gold", str(GOLD), "--min-spearman", "0.9"])
     assert code == 1 and "Spearman rho 0.863 < 0.9" in capsys.readouterr().out
-    code = main(["judge", "calibrate", "--judge", "judges_llm_testlib:inverted_table_judge", "--gold", str(GOLD)])
+    code = cli_main(["judge", "calibrate", "--judge", "judges_llm_testlib:inverted_table_judge", "--gold", str(GOLD)])
     out = capsys.readouterr().out
     assert code == 1 and "Spearman rho -0.863 < 0.6" in out
 
@@ -62,11 +62,11 @@ def test_cli_calibrate_fails_below_a_threshold(capsys) -> None:
 def test_cli_calibrate_user_errors_name_the_file_or_judge(tmp_path, capsys) -> None:
     bad = tmp_path / "gold.jsonl"
     bad.write_text('{"response": "x", "label": 3}\n{"response": "y"}\n')
-    assert main(["judge", "calibrate", "--judge", "judges_llm_testlib:table_judge", "--gold", str(bad)]) == 1
+    assert cli_main(["judge", "calibrate", "--judge", "judges_llm_testlib:table_judge", "--gold", str(bad)]) == 1
     assert f"{bad}:2: missing the human label" in capsys.readouterr().err
-    assert main(["judge", "calibrate", "--judge", "no-such-judge", "--gold", str(GOLD)]) == 1
+    assert cli_main(["judge", "calibrate", "--judge", "no-such-judge", "--gold", str(GOLD)]) == 1
     assert "no judge named 'no-such-judge'" in capsys.readouterr().err
-    assert main(["judge", "calibrate", "--judge", "llm-pointwise", "--gold", str(GOLD), "--args", "[1]"]) == 1
+    assert cli_main(["judge", "calibrate", "--judge", "llm-pointwise", "--gold", str(GOLD), "--args", "[1]"]) == 1
     assert "--args must be a JSON object" in capsys.readouterr().err
 
 

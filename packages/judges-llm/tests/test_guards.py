@@ -9,9 +9,7 @@ import pytest
 from judges_llm_testlib import JudgeScript
 
 from reinforge import ChatResponse
-from reinforge.config import ComponentSpec
-from reinforge.errors import ConfigError
-from reinforge.plugin import plan_component
+from reinforge.plugin import ComponentSpec, ConfigError, plan_component
 from reinforge_judges_llm import ListwiseJudge, PairwiseJudge, PointwiseConfig, PointwiseJudge, model_family
 
 TASK = {"question": "q"}
@@ -67,11 +65,11 @@ def test_settings_objects_are_checked_and_accepted_as_core_passes_them() -> None
 
 
 def test_core_checks_settings_against_the_registered_settings_class(reinforge_pm) -> None:
-    from reinforge.plugins import build_registry
+    from reinforge.testing import plugin_registry
     from reinforge_judges_llm import plugin
 
     reinforge_pm.register(plugin, name="reinforge-judges-llm")
-    registry = build_registry(reinforge_pm)
+    registry = plugin_registry(reinforge_pm)
     plan = plan_component(
         ComponentSpec(ref="llm-pointwise", args={"model": "m", "scale": [1, 7]}), "judge", registry, where="run.yaml"
     )

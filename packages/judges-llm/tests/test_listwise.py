@@ -10,9 +10,8 @@ import pytest
 from judges_llm_testlib import JudgeScript, quality
 
 from reinforge import GroupRewardOutput, TaskStatus
-from reinforge.config import ComponentSpec
-from reinforge.plugin import build_component
-from reinforge.plugins import build_registry
+from reinforge.plugin import ComponentSpec, build_component
+from reinforge.testing import plugin_registry
 from reinforge_judges_llm import ListwiseJudge, plugin, spearman
 
 GROUP = 4
@@ -125,7 +124,7 @@ def test_registered_group_reward_passes_core_checks(openai_server, reinforge_pm)
     srv = openai_server(JudgeScript(listwise=lambda task, texts: [quality(t) for t in texts]))
     reinforge_pm.register(plugin, name="reinforge-judges-llm")
     spec = ComponentSpec(ref="llm-listwise", args={"model": "judge", "api_base": srv.base_url, "permutations": 2})
-    bound = build_component(spec, "group_reward", build_registry(reinforge_pm), where="run.yaml: group_reward")
+    bound = build_component(spec, "group_reward", plugin_registry(reinforge_pm), where="run.yaml: group_reward")
     assert isinstance(bound.func, ListwiseJudge) and bound.func.config.permutations == 2
     out = bound.check_output(asyncio.run(bound.call({"question": "q"}, ["a quality=2", "b quality=5"])), group_size=2)
     assert isinstance(out, GroupRewardOutput) and out.rewards == pytest.approx([1 / 9, 4 / 9])

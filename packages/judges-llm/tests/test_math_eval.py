@@ -16,7 +16,7 @@ import pytest
 import yaml
 from judges_llm_testlib import JudgeScript
 
-from reinforge.cli import main
+from reinforge.testing import cli_main
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "math"
 N = 12
@@ -74,7 +74,7 @@ def copy_example(tmp_path: Path, judge_url: str, *, gate: bool = False) -> Path:
 
 def evaluate(run_file: Path, student_url: str, out_file: Path, capsys) -> tuple[dict, list[dict]]:
     argv = ["eval", str(run_file), "--api-base", student_url, "--model", "scripted-student", "--limit", str(N)]
-    code = main([*argv, "--json", "--output", str(out_file)])
+    code = cli_main([*argv, "--json", "--output", str(out_file)])
     printed = capsys.readouterr()
     assert code == 0, printed.err
     summary = json.loads(printed.out.strip().splitlines()[-1])
@@ -130,7 +130,9 @@ def test_a_run_requiring_calibration_stops_before_scoring_when_the_judge_fails_i
     run = yaml.safe_load(run_file.read_text())
     run["judges"][-1]["args"]["require_calibration"] = str(gold)
     run_file.write_text(yaml.safe_dump(run, sort_keys=False))
-    code = main(["eval", str(run_file), "--api-base", policy.base_url, "--model", "scripted-student", "--limit", "4"])
+    code = cli_main(
+        ["eval", str(run_file), "--api-base", policy.base_url, "--model", "scripted-student", "--limit", "4"]
+    )
     err = capsys.readouterr().err
     assert code == 1
     assert "judge 'llm-pointwise': args.require_calibration failed" in err

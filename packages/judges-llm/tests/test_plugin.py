@@ -7,9 +7,7 @@ import json
 import pytest
 from judges_llm_testlib import JudgeScript
 
-from reinforge.cli import main
-from reinforge.plugins import build_registry
-from reinforge.testing import check_entry_point
+from reinforge.testing import check_entry_point, cli_main, plugin_registry
 from reinforge_judges_llm import (
     ListwiseConfig,
     ListwiseJudge,
@@ -31,7 +29,7 @@ def test_entry_point_registers_what_it_claims() -> None:
 
 def test_registered_judges_are_classes_with_settings_and_model_judges(reinforge_pm) -> None:
     reinforge_pm.register(plugin, name="reinforge-judges-llm")
-    registry = build_registry(reinforge_pm)
+    registry = plugin_registry(reinforge_pm)
     expected = {
         ("judges", "llm-pointwise"): (PointwiseJudge, PointwiseConfig),
         ("judges", "llm-pairwise"): (PairwiseJudge, PairwiseConfig),
@@ -46,7 +44,7 @@ def test_registered_judges_are_classes_with_settings_and_model_judges(reinforge_
 
 
 def test_plugins_command_lists_the_package(capsys) -> None:
-    assert main(["plugins", "--json"]) == 0
+    assert cli_main(["plugins", "--json"]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     row = rows["reinforge-judges-llm"]
     assert row["version"] == __version__
@@ -56,7 +54,7 @@ def test_plugins_command_lists_the_package(capsys) -> None:
 
 def test_judge_command_group_has_calibrate_and_audit(capsys) -> None:
     with pytest.raises(SystemExit) as exc:
-        main(["judge", "--help"])
+        cli_main(["judge", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "calibrate" in out and "audit" in out
@@ -67,14 +65,13 @@ def test_try_judge_runs_the_registered_judge(openai_server, tmp_path, capsys) ->
     example = tmp_path / "input.json"
     example.write_text(json.dumps({"task": {"question": "2+2?", "reference": "4"}, "response": "4"}))
     args = json.dumps({"model": "judge", "api_base": srv.base_url})
-    assert main(["try", "judge", "llm-pointwise", "--input", str(example), "--args", args]) == 0
+    assert cli_main(["try", "judge", "llm-pointwise", "--input", str(example), "--args", args]) == 0
     out = capsys.readouterr().out
     assert "reward 1.0, status success" in out and "verdict: 5.0" in out
 
 
 def test_a_judge_class_referenced_as_module_attr_is_built_per_run_as_a_model_judge() -> None:
-    from reinforge.config import ComponentSpec
-    from reinforge.plugin import build_component
+    from reinforge.plugin import ComponentSpec, build_component
 
     spec = ComponentSpec(ref="reinforge_judges_llm:PointwiseJudge", args={"model": "m", "rubric": "Is it right?"})
     bound = build_component(spec, "judge", where="run.yaml: judges[0]")

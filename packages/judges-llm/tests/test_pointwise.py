@@ -8,8 +8,7 @@ import pytest
 from judges_llm_testlib import SINGLE, JudgeScript
 
 from reinforge import ChatResponse, TaskStatus
-from reinforge.errors import ConfigError, RewardError
-from reinforge.litellm_model import LiteLLMChatModel
+from reinforge.plugin import ConfigError, LiteLLMChatModel, RewardError
 from reinforge.testing import ScriptedChatModel
 from reinforge_judges_llm import PointwiseJudge
 

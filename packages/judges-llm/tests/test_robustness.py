@@ -9,11 +9,9 @@ import threading
 import pytest
 from judges_llm_testlib import JudgeScript, quality, verdict
 
-from reinforge import TaskStatus, WorkflowOutput
-from reinforge.rewards import JudgeSlot, RewardComposer
-from reinforge.runner import Runner, RunnerSettings
-from reinforge.signatures import bind
-from reinforge.testing import Reply, ScriptedChatModel
+from reinforge import RunnerConfig, TaskStatus, WorkflowOutput
+from reinforge.plugin import ComponentSpec, RunConfig
+from reinforge.testing import Reply, ScriptedChatModel, runner_for
 from reinforge_judges_llm import JudgeConfigError, PointwiseJudge
 from reinforge_judges_llm.client import backoff_delay, classify_error
 
@@ -84,7 +82,7 @@ def test_a_refused_key_stops_the_run_naming_what_to_fix(openai_server, monkeypat
     assert out.reward == 0.5
 
 
-def test_zero_rewards_from_failures_none_through_the_runner(openai_server) -> None:
+def test_zero_rewards_from_failures_none_through_the_runner(openai_server, reinforge_pm) -> None:
     """Through core's runner: flaky judgments are retried, then the sample is discarded, never scored 0."""
 
     def responder(body):
@@ -100,15 +98,14 @@ def test_zero_rewards_from_failures_none_through_the_runner(openai_server) -> No
     async def workflow(task, model):
         return WorkflowOutput(response=(await model.chat([{"role": "user", "content": task["question"]}])).content)
 
-    judge = bind(PointwiseJudge(model="judge", api_base=srv.base_url, max_retries=1, backoff_s=0), "judge")
-    composer = RewardComposer([JudgeSlot("quality", judge, kind="model")], max_retries=1)
-    runner = Runner(
-        bind(workflow, "workflow"),
-        composer,
-        model=model,
-        settings=RunnerSettings(group_size=8, max_concurrency=1, max_retries=1),
+    judge = PointwiseJudge(model="judge", api_base=srv.base_url, max_retries=1, backoff_s=0)
+    run_config = RunConfig(
+        workflow=ComponentSpec(ref=workflow),
+        judges=[ComponentSpec(ref=judge, name="quality", kind="model")],
+        runner=RunnerConfig(max_concurrency=1, max_retries=1),
     )
-    result = runner.run([{"question": "q1"}])
+    with runner_for(run_config, model, plugin_manager=reinforge_pm, group_size=8) as runner:
+        result = runner.run([{"question": "q1"}])
     kept = result.trajectories
     discarded = [t for g in result.groups for t in g.discarded]
     assert {t.response for t in discarded} == {"always-flaky quality=0"}

@@ -17,14 +17,9 @@ import pytest
 import yaml
 from judges_llm_testlib import JudgeScript
 
-from reinforge import WorkflowOutput, tune
-from reinforge.cli import main
-from reinforge.config import ComponentSpec, DatasetConfig, RunConfig, RunnerConfig
-from reinforge.evaluation import evaluate
-from reinforge.job import build_job
-from reinforge.plugin import Backend, hookimpl
-from reinforge.plugins import get_plugin_manager
-from reinforge.testing import ScriptedChatModel
+from reinforge import RunnerConfig, WorkflowOutput, evaluate, tune
+from reinforge.plugin import Backend, ComponentSpec, DatasetConfig, RunConfig, build_job, get_plugin_manager, hookimpl
+from reinforge.testing import ScriptedChatModel, cli_main
 from reinforge_judges_llm import PointwiseJudge
 
 N = 6
@@ -184,7 +179,7 @@ def test_bad_judge_settings_fail_tune_dry_run_naming_the_file_and_key(
     grader = openai_server(JudgeScript(pointwise=length_loving), model_name="grader")
     monkeypatch.syspath_prepend(str(Path(__file__).parent))
     run_file = write_run_file(tmp_path, {"model": "grader", "api_base": grader.base_url, **bad})
-    assert main(["tune", str(run_file), "--dry-run"]) == 1
+    assert cli_main(["tune", str(run_file), "--dry-run"]) == 1
     err = capsys.readouterr().err
     assert f"{run_file.resolve()}: {message}" in err
     assert grader.call_count == 0

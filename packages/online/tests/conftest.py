@@ -17,9 +17,9 @@ from reinforge.testing.plugin import reinforge_pm  # noqa: F401
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from online_testlib import SECRETS, FakePolicy, FakeUpstream, settings  # noqa: E402
+from online_testlib import SECRETS, FakePolicy, FakeUpstream, settings
 
-from reinforge.testing import BackgroundServer  # noqa: E402
+from reinforge.testing import BackgroundServer
 
 
 @pytest.fixture(scope="session")

@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("agentscope", reason="needs AgentScope 1.x (reinforge[agentscope])")
 
-from agentscope.model import OpenAIChatModel  # noqa: E402
-from online_testlib import (  # noqa: E402
+from agentscope.model import OpenAIChatModel
+from online_testlib import (
     TRAFFIC_KEY,
     UPSTREAM_KEY,
     recorded_policy_call,

@@ -123,10 +123,10 @@ def test_two_plugins_claiming_one_name_is_an_error_naming_both():
 
 def test_the_entry_point_loads_and_adds_the_command(capsys):
     check_entry_point("reinforge-online")
-    from reinforge.cli import main
+    from reinforge.testing import cli_main
 
     with pytest.raises(SystemExit) as info:
-        main(["online", "serve", "--help"])
+        cli_main(["online", "serve", "--help"])
     assert info.value.code == 0
     assert "ONLINE.yaml" in capsys.readouterr().out
 

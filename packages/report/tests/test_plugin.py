@@ -7,9 +7,8 @@ import pytest
 from report_testlib import entropy_collapse, healthy, make_run
 
 import reinforge_report.plugin
-from reinforge.cli import main
 from reinforge.plugin import RunContext
-from reinforge.testing import check_entry_point
+from reinforge.testing import check_entry_point, cli_main
 from reinforge_report import ENTROPY, __version__
 from reinforge_report.observers import STATE_KEY
 
@@ -41,7 +40,7 @@ def test_entry_point_loads_and_registers_only_its_run_file_sections():
 
 def test_plugins_command_lists_the_package_and_its_hooks(capsys, monkeypatch):
     monkeypatch.setenv("REINFORGE_LOAD_PLUGINS", "reinforge-report")
-    assert main(["plugins", "--json"]) == 0
+    assert cli_main(["plugins", "--json"]) == 0
     rows = {row["name"]: row for row in json.loads(capsys.readouterr().out)}
     row = rows["reinforge-report"]
     assert row["version"] == __version__
@@ -51,7 +50,7 @@ def test_plugins_command_lists_the_package_and_its_hooks(capsys, monkeypatch):
 def test_report_command_end_to_end_writes_png_html_and_json(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("REINFORGE_LOAD_PLUGINS", "reinforge-report")  # through the entry point, as a user runs it
     run_dir = make_run(tmp_path, entropy_collapse)
-    assert main(["report", str(run_dir)]) == 0
+    assert cli_main(["report", str(run_dir)]) == 0
     out = capsys.readouterr().out
     report = run_dir / "report"
     assert f"report:    {report / 'report.html'}" in out and "Entropy collapse" in out
@@ -60,12 +59,13 @@ def test_report_command_end_to_end_writes_png_html_and_json(tmp_path, capsys, mo
     assert json.loads((report / "report.json").read_text())["warnings"][0]["kind"] == ENTROPY
     # the same arguments as before the move: --out, --threshold, --json, --fail-on-warning
     args = ["report", str(run_dir), "--out", str(tmp_path / "o"), "--json", "--fail-on-warning"]
-    assert main(args) == 2
+    assert cli_main(args) == 2
     assert json.loads(capsys.readouterr().out)["html"] == str(tmp_path / "o" / "report.html")
     assert (
-        main(["report", str(run_dir), "--threshold", "entropy_floor=0", "--threshold", "entropy_collapse_frac=0"]) == 0
+        cli_main(["report", str(run_dir), "--threshold", "entropy_floor=0", "--threshold", "entropy_collapse_frac=0"])
+        == 0
     )
-    assert main(["report", str(tmp_path / "absent")]) == 1
+    assert cli_main(["report", str(tmp_path / "absent")]) == 1
     assert "does not exist" in capsys.readouterr().err
 
 

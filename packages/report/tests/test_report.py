@@ -7,7 +7,7 @@ import re
 import pytest
 from report_testlib import STEPS, divergence, entropy_collapse, healthy, length_explosion, make_run
 
-from reinforge.errors import ConfigError, MissingExtraError
+from reinforge.plugin import ConfigError, MissingExtraError
 from reinforge_report import (
     DIVERGENCE,
     ENTROPY,

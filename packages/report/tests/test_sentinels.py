@@ -6,8 +6,7 @@ import pytest
 from report_testlib import divergence, entropy_collapse, healthy, length_explosion, records
 
 import reinforge_report.plugin
-from reinforge.errors import ConfigError
-from reinforge.plugin import RunContext
+from reinforge.plugin import ConfigError, RunContext
 from reinforge_report import DIVERGENCE, ENTROPY, LENGTH, SentinelSettings, Thresholds
 from reinforge_report.observers import STATE_KEY
 from reinforge_report.sentinels import Sentinel, load_sentinel_settings

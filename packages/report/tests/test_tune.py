@@ -9,8 +9,7 @@ from report_testlib import entropy_collapse, healthy
 
 import reinforge_report.plugin
 from reinforge import DatasetConfig, JudgeOutput, WorkflowOutput, tune
-from reinforge.errors import ConfigError
-from reinforge.plugin import Backend, Settings, hookimpl
+from reinforge.plugin import Backend, ConfigError, Settings, hookimpl
 
 PATTERNS = {"healthy": healthy, "entropy_collapse": entropy_collapse}
 

@@ -6,11 +6,9 @@ import threading
 
 import pytest
 
-from reinforge import TaskStatus, response_text
-from reinforge.errors import ConfigError
-from reinforge.models import RecordingChatModel
+from reinforge import TaskStatus, Trajectory, response_text
+from reinforge.plugin import ConfigError, RecordingChatModel
 from reinforge.testing import ScriptedChatModel
-from reinforge.trajectory import Trajectory
 from reinforge_rollouts_react import ReActAgent, ReActResult, calculator, check_settings, react_workflow, tool
 
 PRICES = {"widget": 23.5, "gadget": 4.0}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from reinforge.cli import main
+from reinforge.testing import cli_main
 from reinforge.testing.openai_server import OpenAIServer
 from reinforge_rollouts_react import __version__
 
@@ -47,7 +47,7 @@ def test_eval_of_a_react_run_file_against_a_real_server(tmp_path, capsys):
     (tmp_path / "run.yaml").write_text(RUN_YAML)
     output = tmp_path / "eval.json"
     with OpenAIServer(calculator_student, model_name="scripted-student") as server:
-        code = main(
+        code = cli_main(
             ["eval", str(tmp_path / "run.yaml"), "--api-base", server.base_url, "--json", "--output", str(output)]
         )
         requests = server.requests
@@ -79,7 +79,7 @@ def test_try_workflow_react_prints_the_transcript(tmp_path, capsys):
     task = tmp_path / "task.json"
     task.write_text(json.dumps({"task": {"question": "What is 347 * 28?", "answer": "9716"}}))
     with OpenAIServer(calculator_student) as server:
-        code = main(
+        code = cli_main(
             [
                 "try",
                 "workflow",
@@ -107,7 +107,7 @@ def test_try_workflow_react_prints_the_transcript(tmp_path, capsys):
 
 
 def test_plugins_lists_the_react_workflow(capsys):
-    assert main(["plugins"]) == 0
+    assert cli_main(["plugins"]) == 0
     out = capsys.readouterr().out
     assert re.search(rf"reinforge-rollouts-react {re.escape(__version__)}\n  workflows: react", out)
 
@@ -116,7 +116,7 @@ def test_plugins_lists_the_react_workflow(capsys):
 def test_the_example_evaluates_end_to_end(tmp_path, capsys):
     shutil.copytree(EXAMPLE, tmp_path / "example")
     with OpenAIServer(calculator_student) as server:
-        code = main(
+        code = cli_main(
             ["eval", str(tmp_path / "example" / "run.yaml"), "--api-base", server.base_url, "--limit", "6", "--json"]
         )
     out = capsys.readouterr().out

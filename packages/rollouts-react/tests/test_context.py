@@ -3,9 +3,7 @@
 from pathlib import Path
 
 from reinforge import hookimpl
-from reinforge.job import build_job
-from reinforge.plugin import ComponentSpec, RunConfig, load_run
-from reinforge.plugins import get_plugin_manager
+from reinforge.plugin import ComponentSpec, RunConfig, build_job, get_plugin_manager, load_run
 from reinforge_rollouts_react import tool
 
 

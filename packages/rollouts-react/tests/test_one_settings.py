@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from reinforge import response_text
-from reinforge.errors import ConfigError
+from reinforge.plugin import ConfigError
 from reinforge.testing import ScriptedChatModel
 from reinforge_rollouts_react import ReActAgent, ReactSettings, ReactWorkflow, calculator, react_workflow
 

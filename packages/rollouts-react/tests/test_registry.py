@@ -7,9 +7,8 @@ import pytest
 
 import reinforge_rollouts_react.plugin as ours
 from reinforge import hookimpl
-from reinforge.errors import ConfigError
-from reinforge.plugin import PluginError, Registry, get_plugin_manager
-from reinforge.testing import check_entry_point
+from reinforge.plugin import ConfigError, PluginError, Registry, get_plugin_manager
+from reinforge.testing import check_entry_point, check_hookimpls
 from reinforge_rollouts_react import TOOLS, Tool, calculator, resolve_tools, tool, tool_registry
 
 
@@ -77,11 +76,9 @@ def test_the_hookspec_comes_through_reinforge_addhooks_and_a_tools_plugin_is_not
 
 
 def test_a_tools_hook_without_this_package_matches_no_spec_and_its_plugin_is_broken():
-    import reinforge.plugins as core_plugins
-
     pm = get_plugin_manager(load_entrypoints=False)
     pm.register(WordsPlugin(), name="reinforge-words")
-    problems = core_plugins.check_hookimpls(pm)  # what core runs after loading the installed plugins
+    problems = check_hookimpls(pm)  # what core runs after loading the installed plugins
     assert len(problems) == 1 and "'register_tools'" in problems[0][1] and "no plugin specifies" in problems[0][1]
 
 

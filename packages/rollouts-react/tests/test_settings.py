@@ -6,11 +6,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from reinforge.cli import main
-from reinforge.errors import ConfigError
-from reinforge.job import build_job
-from reinforge.plugin import load_run
-from reinforge.plugins import build_registry, get_plugin_manager
+from reinforge.plugin import ConfigError, build_job, get_plugin_manager, load_run
+from reinforge.testing import cli_main, plugin_registry
 from reinforge.testing.openai_server import OpenAIServer
 from reinforge_rollouts_react import ReactSettings, ReactWorkflow, calculator
 
@@ -34,7 +31,7 @@ def write_run(tmp_path: Path, args: dict, api_base: str) -> Path:
 
 
 def test_react_is_registered_as_a_class_with_its_settings():
-    component = build_registry(get_plugin_manager()).get("workflows", "react")
+    component = plugin_registry(get_plugin_manager()).get("workflows", "react")
     assert component.obj is ReactWorkflow and component.settings is ReactSettings
     assert component.owner == "reinforge-rollouts-react"
 
@@ -67,9 +64,9 @@ def test_bad_react_settings_fail_build_job_naming_the_key(tmp_path, args, messag
 def test_bad_react_settings_fail_tune_dry_run_and_eval(tmp_path, capsys, args, message):
     with OpenAIServer(never_called) as server:
         run_file = write_run(tmp_path, args, server.base_url)
-        assert main(["tune", str(run_file), "--dry-run"]) == 1
+        assert cli_main(["tune", str(run_file), "--dry-run"]) == 1
         assert f"{run_file.resolve()}: {message}" in capsys.readouterr().err
-        assert main(["eval", str(run_file)]) == 1
+        assert cli_main(["eval", str(run_file)]) == 1
         assert f"{run_file.resolve()}: {message}" in capsys.readouterr().err
         assert server.requests == []
 

@@ -91,7 +91,7 @@ def _add_plugin_commands(sub: Any, pm: Any) -> set[str]:
     groups: dict[str, Any] = {}
     added: set[str] = set()
 
-    def register(name: str, run: Any, *, help: str = "", arguments: Any = None) -> None:  # noqa: A002
+    def register(name: str, run: Any, *, help: str = "", arguments: Any = None) -> None:
         words = name.split()
         target = sub
         if len(words) > 1:

@@ -29,13 +29,14 @@ What is here:
   registries of named things, also for a package's own kinds (tools).
 - :func:`resolve_ref`: a registered name, ``module:attr`` or a callable to the object.
 - :func:`load_run`, :func:`build_job`, :func:`build_composer`, :class:`RewardComposer`,
-  :func:`wants_agentscope`: a run file to its built components, for packages that run a
+  :func:`wants_agentscope`, :func:`agentscope_chat_model`: a run file to its built components, for packages that run a
   run's workflow and judges outside ``reinforge tune`` (another engine's workers, a gateway).
 - :func:`eval_dataset`, :func:`accuracy_of`, :func:`dimension_means`: what ``reinforge eval``
   reads and reports, for packages that score a policy on a run's eval set themselves.
 - :mod:`metric_names <reinforge.metric_names>`: the step metrics' names, for backends that write them
   and observers that read them (``from reinforge.plugin import metric_names as mn``; ``mn.REWARD_MEAN``).
-- :class:`ConfigurationError`: a component's permanent error (the run stops).
+- :class:`ConfigurationError`: a component's permanent error (the run stops); :class:`RunnerError`: a batch
+  the runner could not run (every rollout failed); :class:`BatchResult`, :class:`GroupResult`: what it returns.
 - :class:`ApiError`, :func:`check_bearer`, :func:`bearer_matches`, :class:`CountResponses`: what the
   family's OpenAI-compatible servers share (``reinforge serve``, the online gateway): OpenAI-style
   errors, constant-time bearer keys, a response counter (:mod:`reinforge.serving`).
@@ -54,7 +55,7 @@ from . import metric_names
 from .hookspecs import hookimpl, hookspec
 
 if TYPE_CHECKING:  # the names below load on first use: a plugin module that imports hookimpl stays cheap
-    from .agentscope_model import wants_agentscope
+    from .agentscope_model import agentscope_chat_model, wants_agentscope
     from .backend import Backend, NoSettings
     from .components import ComponentContext, ComponentPlan, build_component, plan_component
     from .config import AlgorithmConfig, ComponentSpec, DatasetConfig, ModelConfig, RunConfig
@@ -66,6 +67,7 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin module that imp
         ReinforgeError,
         ResolveError,
         RewardError,
+        RunnerError,
         require,
     )
     from .evaluation import accuracy_of, check_accuracy_key, dimension_means, eval_dataset, tool_use_of
@@ -78,12 +80,13 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin module that imp
     from .registry import KINDS, Component, Kind, Registry
     from .rewards import RewardComposer
     from .runfile import load_run, to_dict
-    from .runner import BatchResult, Runner
+    from .runner import BatchResult, GroupResult, Runner
     from .serving import ApiError, CountResponses, bearer, bearer_matches, check_bearer
     from .settings import FieldError, Settings, at_least, finite, in_range, one_of, suggest
     from .settings import load as load_settings
 
 _LAZY = {
+    "agentscope_chat_model": ("agentscope_model", "agentscope_chat_model"),
     "wants_agentscope": ("agentscope_model", "wants_agentscope"),
     "Backend": ("backend", "Backend"),
     "NoSettings": ("backend", "NoSettings"),
@@ -105,6 +108,7 @@ _LAZY = {
     "ReinforgeError": ("errors", "ReinforgeError"),
     "ResolveError": ("errors", "ResolveError"),
     "RewardError": ("errors", "RewardError"),
+    "RunnerError": ("errors", "RunnerError"),
     "require": ("errors", "require"),
     "accuracy_of": ("evaluation", "accuracy_of"),
     "tool_use_of": ("evaluation", "tool_use_of"),
@@ -114,6 +118,7 @@ _LAZY = {
     "LiteLLMChatModel": ("litellm_model", "LiteLLMChatModel"),
     "RecordingChatModel": ("models", "RecordingChatModel"),
     "BatchResult": ("runner", "BatchResult"),
+    "GroupResult": ("runner", "GroupResult"),
     "Runner": ("runner", "Runner"),
     "TuneJob": ("job", "TuneJob"),
     "build_composer": ("job", "build_composer"),
@@ -174,6 +179,7 @@ __all__ = [
     "DatasetConfig",
     "CountResponses",
     "FieldError",
+    "GroupResult",
     "Kind",
     "LiteLLMChatModel",
     "MissingExtraError",
@@ -189,11 +195,13 @@ __all__ = [
     "RewardError",
     "RunConfig",
     "RunContext",
+    "RunnerError",
     "RunStatus",
     "Runner",
     "Settings",
     "TuneJob",
     "accuracy_of",
+    "agentscope_chat_model",
     "tool_use_of",
     "at_least",
     "bearer",

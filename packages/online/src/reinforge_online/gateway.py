@@ -116,7 +116,7 @@ class Gateway:
             if up is not None:
                 try:
                     await up.aclose()
-                except Exception:  # noqa: BLE001 - shutting down is best effort
+                except Exception:
                     _log.exception("closing an upstream client failed")
         if not self.owns_pipeline:
             return True
@@ -359,7 +359,7 @@ class Gateway:
             record.prompt_token_ids = data.get("prompt_token_ids")
             record.token_ids = first.get("token_ids")
             record.logprobs = logprobs_of(first) or None
-        except Exception as exc:  # noqa: BLE001 - not an OpenAI response (or its body broke off)
+        except Exception as exc:
             if mode == "route":
                 raise _Fallback("bad_response") from exc
             raise ApiError(
@@ -608,7 +608,7 @@ class Gateway:
             raise ApiError(
                 str(exc), status=409, param="version", code="cannot_roll_back", kind="conflict_error"
             ) from exc
-        except Exception as exc:  # noqa: BLE001 - the committer could not serve it: say so, nothing changed
+        except Exception as exc:
             raise ApiError(
                 f"the rollback failed: {type(exc).__name__}: {exc}", status=502, code="rollback_failed"
             ) from exc

@@ -219,7 +219,7 @@ class Outbox:
         """Run ``work``; the wait before the next pass (the interval, or a growing backoff after failures)."""
         try:
             work()
-        except Exception:  # noqa: BLE001 - retried with backoff: a claimed batch keeps its id
+        except Exception:
             self.last_pass_ok = False
             self._failures += 1
             wait = min(self.interval_s, self.retry_s * 2 ** min(self._failures - 1, 16))

@@ -219,7 +219,7 @@ class Pipeline:
             return True, session
         try:
             chosen = bool(self.selection.select(SelectionRequest(CHAT_ROUTE, headers, body, session)))
-        except Exception:  # noqa: BLE001 - a broken strategy must not fail traffic: not sampled
+        except Exception:
             _log.exception("the selection strategy raised; the request is not sampled")
             return False, session
         return chosen, session
@@ -283,7 +283,7 @@ class Pipeline:
         except StoreUnavailable as exc:
             self.dropped(exc.reason, trace_id, str(exc))
             return False
-        except Exception as exc:  # noqa: BLE001 - this write's own failure (a value JSON cannot hold)
+        except Exception as exc:
             self.dropped("invalid", trace_id, f"{type(exc).__name__}: {exc}")
             return False
         return True
@@ -319,7 +319,7 @@ class Pipeline:
         if self.redact is not None:
             try:
                 redacted = self.redact(copy.deepcopy(call))
-            except Exception:  # noqa: BLE001 - the user's redactor: the response is not stored
+            except Exception:
                 _log.exception("the redactor raised; the stream's response is not stored")
                 self.metrics.redacted.labels("error").inc()
                 redacted = None
@@ -351,7 +351,7 @@ class Pipeline:
         if self.redact is not None:
             try:  # on a copy: the client's response may still be on its way
                 redacted = self.redact(copy.deepcopy(call))
-            except Exception:  # noqa: BLE001 - the user's redactor: the call is not stored
+            except Exception:
                 _log.exception("the redactor raised; the call is not stored")
                 self.metrics.redacted.labels("error").inc()
                 return None
@@ -428,7 +428,7 @@ class Pipeline:
             return
         try:
             closer()
-        except Exception:  # noqa: BLE001 - shutting down is best effort
+        except Exception:
             _log.exception("closing the committer %s failed", type(self.committer).__name__)
 
     def close(self, timeout: float = 10.0) -> bool:
@@ -447,19 +447,19 @@ class Pipeline:
                 continue
             try:
                 ok = part.stop(timeout=left()) and ok
-            except Exception:  # noqa: BLE001 - shutting down is best effort
+            except Exception:
                 _log.exception("stopping %s failed", type(part).__name__)
                 ok = False
         self._close_committer()
         for judge in self._judges:
             try:
                 judge.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 _log.exception("closing the judge %s failed", judge.name)
         self._judges = []
         try:
             ok = self.store.close(timeout=left()) and ok
-        except Exception:  # noqa: BLE001
+        except Exception:
             _log.exception("closing the trace store failed")
             ok = False
         return ok

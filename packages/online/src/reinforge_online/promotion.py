@@ -93,7 +93,7 @@ def _dumps(value: Any) -> str:
 
 
 def _all(db: Any) -> list[VersionRecord]:
-    return [_row(r) for r in db.execute(f"SELECT {_COLUMNS} FROM versions ORDER BY seq")]  # noqa: S608 - constants
+    return [_row(r) for r in db.execute(f"SELECT {_COLUMNS} FROM versions ORDER BY seq")]
 
 
 def _insert(db: Any, name: str, state: str, parent: int | None, data: dict[str, Any]) -> VersionRecord:
@@ -101,7 +101,7 @@ def _insert(db: Any, name: str, state: str, parent: int | None, data: dict[str, 
     seq = 0 if top is None else int(top) + 1
     record = VersionRecord(seq, name, state, time.time(), parent, None, data)
     db.execute(
-        f"INSERT INTO versions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",  # noqa: S608 - constants
+        f"INSERT INTO versions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",
         (seq, name, state, record.created_at, parent, None, _dumps(data)),
     )
     return record
@@ -262,7 +262,7 @@ class Promoter:
         assert self.check_spec is not None
         try:
             result = self.committer.check(record.version, self.check_spec)
-        except Exception as exc:  # noqa: BLE001 - a check that fails refuses the candidate, it never promotes it
+        except Exception as exc:
             _log.warning("checking version v%s (%s) failed: %s: %s", record.seq, record.name, type(exc).__name__, exc)
             record.data["check"] = {"error": f"{type(exc).__name__}: {exc}"}
             self._db(lambda db: _update(db, record))
@@ -306,7 +306,7 @@ class Promoter:
     def _promote(self, record: VersionRecord, live: VersionRecord | None, reason: str) -> None:
         try:
             self._serve(record, reason="promoted")
-        except Exception as exc:  # noqa: BLE001 - not served: the live version stays, training goes on from it
+        except Exception as exc:
             self._refuse(record, live, f"serving it failed: {type(exc).__name__}: {exc}")
             return
         now = self.clock()
@@ -326,7 +326,7 @@ class Promoter:
         if live is not None:
             try:
                 self.committer.train_from(live.version)
-            except Exception:  # noqa: BLE001 - logged; the next batch trains on the newest, the gate still decides
+            except Exception:
                 _log.exception("training could not go back to the live version v%s", live.seq)
 
     # -- rollback ----------------------------------------------------------------------------------
@@ -399,5 +399,5 @@ class Promoter:
         self._set_live_gauges(target)
         try:
             self.committer.train_from(target.version)
-        except Exception:  # noqa: BLE001 - logged; the gate still decides what the next batch makes
+        except Exception:
             _log.exception("training could not go back to v%s", target.seq)

@@ -287,7 +287,7 @@ class RewardCalculator:
 
         try:
             finished = asyncio.run_coroutine_threadsafe(drain(), self._loop).result(timeout + 1.0)
-        except Exception:  # noqa: BLE001 - stopping is best effort
+        except Exception:
             _log.exception("draining the reward calculator failed")
             finished = False
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -306,7 +306,7 @@ class RewardCalculator:
             self._done.notify_all()
         try:
             self._on_result(result, reason)
-        except Exception:  # noqa: BLE001 - a metrics callback must not stop scoring
+        except Exception:
             _log.exception("the reward result callback raised")
 
     def _schedule(self, trace_id: str, delay: float, live: bool = True) -> None:
@@ -356,7 +356,7 @@ class RewardCalculator:
                 await self._score_one(trace_id)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - one trace's problem never stops the calculator
+            except Exception as exc:
                 self._unrewarded(trace_id, "error", f"{type(exc).__name__}: {exc}")
 
     async def _score_one(self, trace_id: str) -> None:
@@ -371,7 +371,7 @@ class RewardCalculator:
         task, response = judge_inputs(trace)
         try:
             score = await self.composer.score(task, response, truncated=response.truncated)
-        except Exception as exc:  # noqa: BLE001 - a permanent judge error (RewardError...): this trace only
+        except Exception as exc:
             self._unrewarded(trace_id, "error", f"{type(exc).__name__}: {exc}")
             return
         if score.status is TaskStatus.FAILED:
@@ -402,5 +402,5 @@ class RewardCalculator:
         self._count("rewarded")
         try:
             self._on_rewarded(trace_id, value)
-        except Exception:  # noqa: BLE001
+        except Exception:
             _log.exception("the rewarded callback raised")

@@ -64,7 +64,7 @@ async def _run_tool(fn: Callable[..., Any], arguments: str) -> str:
             out = await fn(**args)
         else:
             out = await asyncio.to_thread(fn, **args)
-    except Exception as exc:  # noqa: BLE001 - the model sees the error, as an agent's tool loop would show it
+    except Exception as exc:
         return f"error: {type(exc).__name__}: {exc}"
     return out if isinstance(out, str) else json.dumps(out)
 
@@ -118,7 +118,7 @@ class ShadowRunner:
             body, session, trace_id = await self._queue.get()
             try:
                 result = await self._run(body, session, trace_id)
-            except Exception:  # noqa: BLE001 - a shadow run never affects anything else
+            except Exception:
                 _log.exception("a shadow run failed")
                 result = "failed"
             self.pipeline.metrics.shadow.labels(result).inc()
@@ -149,7 +149,7 @@ class ShadowRunner:
                 data = json.loads(raw)
                 choice = data["choices"][0]
                 message = dict(choice["message"])
-            except Exception as exc:  # noqa: BLE001 - the policy's problem: counted, the breaker told
+            except Exception as exc:
                 _log.warning("the policy failed a shadow run: %s: %s", type(exc).__name__, exc)
                 pipeline.policy_failed()
                 result = "failed"

@@ -571,7 +571,7 @@ class TraceStore:
                             db.execute("RELEASE one")
                     except self.database_errors:
                         raise  # the database's problem, not this write's: the group fails
-                    except Exception as exc:  # noqa: BLE001 - this write's own failure, handed to its caller
+                    except Exception as exc:
                         if alone:
                             db.execute("ROLLBACK")  # nothing else was in it
                         else:
@@ -585,7 +585,7 @@ class TraceStore:
                     db.execute("ROLLBACK")
                 raise
             self.commits += 1
-        except Exception as exc:  # noqa: BLE001 - locked, full or broken: nothing of the group committed
+        except Exception as exc:
             self._on_error("write_failed")
             if self._healthy:
                 _log.warning(
@@ -618,7 +618,7 @@ class TraceStore:
                 if self._in_transaction(self._db):
                     self._db.execute("ROLLBACK")
                 raise
-        except Exception:  # noqa: BLE001 - still unhealthy; the next probe tries again
+        except Exception:
             return
         _log.warning("the trace store commits again: writes resume")
         self._set_healthy(True)

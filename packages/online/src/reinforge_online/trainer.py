@@ -224,7 +224,7 @@ class OnlineTrainer:
         self._stopped = True
         try:
             return self.pipeline.close(self.stop_timeout_s if timeout_s is None else timeout_s)
-        except Exception:  # noqa: BLE001 - stop() never raises
+        except Exception:
             _log.exception("stopping the online trainer failed")
             return False
 

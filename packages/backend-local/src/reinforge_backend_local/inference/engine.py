@@ -447,7 +447,7 @@ class MicroBatcher:
                 loop = asyncio.get_running_loop()
                 # the process's one tensor thread (.compute): the trainer runs there too
                 results = await loop.run_in_executor(compute_executor(), self._generate, [r for r, _ in batch])
-            except BaseException as exc:  # noqa: BLE001 - hand the failure to every waiter
+            except BaseException as exc:
                 for _, fut in batch:
                     if not fut.done():
                         fut.set_exception(exc)

@@ -213,14 +213,14 @@ class Scheduler:
                 if future.set_running_or_notify_cancel():
                     try:
                         future.set_result(fn())
-                    except BaseException as exc:  # noqa: BLE001 - the caller's to handle
+                    except BaseException as exc:
                         future.set_exception(exc)
             new: list[_Row] = []
             try:
                 with self.engine.lock, torch.inference_mode():
                     new = self._rows(admitted)
                     session, logits = self._step(session, logits, rows, new)
-            except BaseException as exc:  # noqa: BLE001 - every live request learns of the failure
+            except BaseException as exc:
                 live = {id(r): r for r in rows + new}.values()
                 self._deliver([(r.stream, exc) for r in live])
                 rows.clear()

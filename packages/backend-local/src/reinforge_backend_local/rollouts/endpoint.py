@@ -312,11 +312,11 @@ class PolicyEndpoint:
             request = model.prepare(req.messages, req.tools, sampling)
         except ConfigError as exc:  # the prompt does not fit max_model_len
             raise ApiError(str(exc), param="messages", code="context_length_exceeded") from exc
-        except Exception as exc:  # noqa: BLE001 - the chat template rejects what it cannot render
+        except Exception as exc:
             raise ApiError(f"the chat template cannot render these messages: {exc}", param="messages") from exc
         try:
             result = await model.batcher.submit(request)
-        except Exception as exc:  # noqa: BLE001 - an engine failure is the server's, not the agent's
+        except Exception as exc:
             raise ApiError(f"generation failed: {type(exc).__name__}: {exc}", status=500) from exc
         response = to_response(result, request.prompt_ids, model.version, self.model_name)
         tokens, deltas = _pieces(model.template.tokenizer, result, tokens=req.logprobs, deltas=req.stream)

@@ -188,7 +188,7 @@ class Service:
         """The results of a non-streamed request; its first token reaches the client with the last."""
         try:
             results = list(await asyncio.gather(*(s.finished() for s in job.streams)))
-        except Exception as exc:  # noqa: BLE001 - an engine failure is the server's, not the client's
+        except Exception as exc:
             raise ApiError(f"generation failed: {type(exc).__name__}: {exc}", status=500) from exc
         elapsed = time.perf_counter() - start
         self.metrics.ttft.observe(elapsed)
@@ -211,7 +211,7 @@ class Service:
                     yield i, event, deltas[i].finish(event.text)
         except ApiError:
             raise
-        except Exception as exc:  # noqa: BLE001 - the engine failed mid-stream
+        except Exception as exc:
             raise ApiError(f"generation failed: {type(exc).__name__}: {exc}", status=500) from exc
 
     # -- routes -------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ class Service:
                 param="messages",
                 code="context_length_exceeded",
             ) from exc
-        except Exception as exc:  # noqa: BLE001 - the chat template rejects what it cannot render
+        except Exception as exc:
             raise ApiError(f"the chat template cannot render these messages: {exc}", param="messages") from exc
         self._check_length(prompt_ids, "messages")
         job = self._job([prompt_ids], req.sampling, req.top_logprobs)
@@ -463,7 +463,7 @@ class Service:
                 await asyncio.wrap_future(self.served.scheduler.call(lambda: swapper.apply(factors)))
                 self.served.adapter = folder
                 self.served.policy_version += 1
-            except Exception as exc:  # noqa: BLE001 - the server's fault, not the request's
+            except Exception as exc:
                 self.metrics.swaps.labels("failed").inc()
                 raise ApiError(f"the swap failed: {type(exc).__name__}: {exc}", status=500) from exc
             finally:

@@ -310,7 +310,7 @@ class AdapterSwapper:
                 return dict(load_file(str(folder / "adapter_model.safetensors")))
             if (folder / "adapter_model.bin").exists():
                 return dict(torch.load(folder / "adapter_model.bin", map_location="cpu", weights_only=True))
-        except Exception as exc:  # noqa: BLE001 - a corrupt file raises many kinds
+        except Exception as exc:
             raise AdapterError(f"{folder}: the adapter weights cannot be read: {exc}") from exc
         raise AdapterError(f"{folder}: no adapter_model.safetensors or adapter_model.bin")
 

@@ -66,7 +66,7 @@ async def merged(streams: list[Stream]) -> AsyncIterator[tuple[int, TokenEvent |
                 queue.put_nowait((i, event))
             assert stream.result is not None
             queue.put_nowait((i, stream.result))
-        except Exception as exc:  # noqa: BLE001 - handed to the reader
+        except Exception as exc:
             queue.put_nowait((i, exc))
 
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]

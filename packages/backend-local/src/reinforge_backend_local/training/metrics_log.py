@@ -18,7 +18,7 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:  # tensorboard is an optional extra
-                SummaryWriter = None  # noqa: N806
+                SummaryWriter = None
             if SummaryWriter is not None:
                 self._tb = SummaryWriter(str(run_dir / "tensorboard"))
 

@@ -10,10 +10,11 @@ module itself does not import pytest, so the helpers below work anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pluggy
 
+    from ..models import ChatModel
     from ..registry import Registry
+    from ..runner import Runner
     from .asgi_server import BackgroundServer
     from .openai_server import OpenAIServer, Reply
     from .scripted import ScriptedCall, ScriptedChatModel, ScriptExhaustedError
@@ -40,13 +43,17 @@ __all__ = [
     "ScriptExhaustedError",
     "build_and_install",
     "check_entry_point",
+    "check_hookimpls",
+    "cli_main",
     "plugin_env",
     "plugin_registry",
     "run_command",
     "run_process",
+    "runner_for",
 ]
 
 _LAZY = {
+    "check_hookimpls": "reinforge.plugins",  # hookimpls that match no hookspec, as (plugin, message)
     "BackgroundServer": "reinforge.testing.asgi_server",
     "OpenAIServer": "reinforge.testing.openai_server",
     "Reply": "reinforge.testing.openai_server",
@@ -167,6 +174,60 @@ def run_command(
             f"...)) or use run_process for any program; got {args!r}"
         )
     return run_process([sys.executable, "-m", "reinforge", *args], cwd=cwd, env=env, check=check, timeout=timeout)
+
+
+def cli_main(argv: Sequence[Any]) -> int:
+    """Run the ``reinforge`` command line in this process (``reinforge *argv``) and return its exit code.
+
+    The in-process twin of :func:`run_command`: output goes to this process's
+    stdout/stderr (read it with pytest's ``capsys``), and what the test
+    patched or registered is seen by the command. Plugins are found as a run
+    finds them (entry points, ``REINFORGE_LOAD_PLUGINS``). A usage error or
+    ``--help`` raises ``SystemExit`` (argparse's), as the command itself does.
+    """
+    from ..cli import main
+
+    return main([str(a) for a in argv])
+
+
+@contextlib.contextmanager
+def runner_for(
+    run: Any,
+    model: ChatModel | None = None,
+    *,
+    model_provider: Callable[[Any], ChatModel] | None = None,
+    plugin_manager: pluggy.PluginManager | None = None,
+    group_size: int | None = None,
+    sampling: dict[str, Any] | None = None,
+) -> Iterator[Runner]:
+    """The runner a backend gets for ``run`` (a :class:`~reinforge.plugin.RunConfig` or a run file's path).
+
+    Builds the run's workflow, judges and group reward as ``tune`` does
+    (through ``plugin_manager``, default: the installed plugins; no backend is
+    needed) and yields ``job.make_runner(...)`` over ``model`` (every rollout
+    gets a recording wrapper of it) or ``model_provider`` (one model per
+    rollout, e.g. a local policy's). ``group_size`` defaults to the run's
+    ``algorithm.group_size``; the ``runner`` section gives concurrency,
+    retries and timeouts. The built components are closed on exit::
+
+        with runner_for(run, ScriptedChatModel(["4"]), plugin_manager=reinforge_pm) as runner:
+            result = runner.run([{"question": "2+2?"}])
+    """
+    from ..config import RunConfig
+    from ..job import build_job
+    from ..plugins import build_registry, get_plugin_manager
+    from ..runfile import load_run
+
+    if (model is None) == (model_provider is None):
+        raise TypeError("runner_for needs exactly one of model= or model_provider=")
+    pm = plugin_manager or get_plugin_manager()
+    if not isinstance(run, RunConfig):  # a path: read it as `tune` would, names checked against the same plugins
+        run = load_run(run, registry=build_registry(pm))
+    job = build_job(run, pm, need_backend=False)
+    try:
+        yield job.make_runner(model=model, model_provider=model_provider, group_size=group_size, sampling=sampling)
+    finally:
+        job.close()
 
 
 def build_and_install(project: Any, target: Any, *, dist: Any = None) -> Any:

@@ -103,7 +103,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     server: _HTTPServer
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:
         """Keep test output quiet."""
 
     # -- plumbing ---------------------------------------------------------
@@ -129,7 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
         return False
 
     # -- endpoints --------------------------------------------------------
-    def do_GET(self) -> None:  # noqa: N802 - stdlib naming
+    def do_GET(self) -> None:
         if not self._authorized():
             return
         if _route(self.path, "/v1/models") is not None:
@@ -141,7 +141,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._error(404, f"no route for GET {self.path}")
 
-    def do_POST(self) -> None:  # noqa: N802 - stdlib naming
+    def do_POST(self) -> None:
         owner = self.server.owner
         prefix = _route(self.path, "/v1/chat/completions")
         if prefix is None:
