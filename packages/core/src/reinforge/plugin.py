@@ -75,7 +75,7 @@ if TYPE_CHECKING:  # the names below load on first use: a plugin module that imp
     from .lifecycle import RunContext, RunStatus
     from .litellm_model import LiteLLMChatModel
     from .models import RecordingChatModel
-    from .plugins import BrokenPlugin, PluginManager, collect, get_plugin_manager, plugin_distribution
+    from .plugins import BrokenPlugin, PluginManager, build_registry, collect, get_plugin_manager, plugin_distribution
     from .refs import resolve_ref
     from .registry import KINDS, Component, Kind, Registry
     from .rewards import RewardComposer
@@ -129,6 +129,7 @@ _LAZY = {
     "PluginManager": ("plugins", "PluginManager"),
     "collect": ("plugins", "collect"),
     "get_plugin_manager": ("plugins", "get_plugin_manager"),
+    "build_registry": ("plugins", "build_registry"),
     "plugin_distribution": ("plugins", "plugin_distribution"),
     "resolve_ref": ("refs", "resolve_ref"),
     "KINDS": ("registry", "KINDS"),
@@ -208,6 +209,7 @@ __all__ = [
     "bearer_matches",
     "build_component",
     "build_composer",
+    "build_registry",
     "build_job",
     "check_accuracy_key",
     "check_bearer",

@@ -106,10 +106,13 @@ def resolve_judge(
     """Build a judge as core builds it for a run: a ``BoundFunction`` for a registered name, ``module:attr``
     or callable, its ``args`` checked against its settings. Close it with ``bound.close()`` when done.
 
-    ``module:attr`` references import from the working directory too.
+    ``module:attr`` references import from the working directory too. ``registry``: the one to look names up
+    in; ``None``: the installed plugins' (what ``reinforge judge calibrate`` and ``audit`` use).
     """
-    from reinforge.plugin import ComponentSpec, build_component
+    from reinforge.plugin import ComponentSpec, build_component, build_registry, get_plugin_manager
 
+    if registry is None:
+        registry = build_registry(get_plugin_manager())
     spec = ComponentSpec(ref=judge, args=dict(args or {}))
     return build_component(spec, "judge", registry, where=where, base_dir=str(Path.cwd()))
 
