@@ -153,15 +153,18 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Load the API's names on first use."""
-    found = _LAZY.get(name)
-    if found is None:
-        raise AttributeError(f"module 'reinforge.plugin' has no attribute {name!r}")
-    module, attr = found
-    value = getattr(importlib.import_module(f"reinforge.{module}"), attr)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # hidden from type checkers: they see the imports above, so a name dropped from the API
+    # is an error in every plugin that uses it (a module __getattr__ would make any name look present)
+
+    def __getattr__(name: str) -> Any:
+        """Load the API's names on first use."""
+        found = _LAZY.get(name)
+        if found is None:
+            raise AttributeError(f"module 'reinforge.plugin' has no attribute {name!r}")
+        module, attr = found
+        value = getattr(importlib.import_module(f"reinforge.{module}"), attr)
+        globals()[name] = value
+        return value
 
 
 __all__ = [
