@@ -22,7 +22,9 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from reinforge.plugin import ConfigError, Settings, at_least, finite, one_of
+from reinforge.plugin import ConfigError, Settings, at_least, finite, in_range, one_of
+
+from .schedule import LR_SCHEDULES
 
 __all__ = [
     "ALGORITHMS",
@@ -31,6 +33,7 @@ __all__ = [
     "GroupSettings",
     "LossSettings",
     "MultiStepSettings",
+    "SamplingSettings",
     "advantages",
     "algorithm",
     "call_advantages",
@@ -50,6 +53,10 @@ class LossSettings(Settings):
     loss_agg_mode: str = "token-mean"  # token-mean or sequence-mean
     ppo_epochs: int = 1  # passes over each batch
     max_grad_norm: float = 1.0  # gradient clipping
+    entropy_coef: float = 0.0  # loss - entropy_coef * mean token entropy (0: no entropy term)
+    lr_warmup_steps: int = 0  # learning rate ramps up linearly over these steps (training/schedule.py)
+    lr_schedule: str = "constant"  # after warm-up: constant, linear or cosine decay to lr_min_ratio x at total_steps
+    lr_min_ratio: float = 0.0  # where linear and cosine decay end, as a fraction of learning_rate
 
     def check(self) -> None:
         at_least("kl_coef", self.kl_coef, 0.0)
@@ -62,15 +69,43 @@ class LossSettings(Settings):
         at_least("ppo_epochs", self.ppo_epochs, 1)
         at_least("max_grad_norm", self.max_grad_norm, 0.0, strict=True)
         finite("max_grad_norm", self.max_grad_norm)
+        at_least("entropy_coef", self.entropy_coef, 0.0)
+        finite("entropy_coef", self.entropy_coef)
+        at_least("lr_warmup_steps", self.lr_warmup_steps, 0)
+        one_of("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        in_range("lr_min_ratio", self.lr_min_ratio, 0.0, 1.0)
 
     @property
     def scale(self) -> str:
         """How rewards are scaled into advantages (only the GRPO-like algorithms choose)."""
         return "group"
 
+    @property
+    def lr_scheduled(self) -> bool:
+        """Whether the learning rate changes from step to step (else the optimizer's rate is left alone)."""
+        return self.lr_warmup_steps > 0 or self.lr_schedule != "constant"
+
 
 @dataclass
-class GroupSettings(LossSettings):
+class SamplingSettings(LossSettings):
+    """Group-relative algorithms: optionally refill the batch with groups that carry signal (DAPO).
+
+    A group whose rewards are all equal gives no gradient. With ``dynamic_sampling``
+    each step samples further prompts (as many as groups are missing) and keeps the
+    groups whose rewards differ, until the batch holds ``batch_size`` of them or
+    ``max_sampling_rounds`` rounds of rollouts (the first included) have run.
+    """
+
+    dynamic_sampling: bool = False
+    max_sampling_rounds: int = 3
+
+    def check(self) -> None:
+        super().check()
+        at_least("max_sampling_rounds", self.max_sampling_rounds, 1)
+
+
+@dataclass
+class GroupSettings(SamplingSettings):
     """GRPO, multi-step GRPO, GSPO and PPO: group-mean baseline, then a choice of scaling."""
 
     scale_rewards: str = "group"  # divide by the group's std, the batch's std, or none (Dr.GRPO)
@@ -202,7 +237,7 @@ ALGORITHMS: dict[str, Algorithm] = {
         Algorithm("grpo", GroupSettings, grpo),
         # the trajectory's advantage on every model call, plus call rewards
         Algorithm("multi_step_grpo", MultiStepSettings, grpo, per_call_weight=True, call_rewards=True),
-        Algorithm("rloo", LossSettings, rloo),  # leave-one-out baseline
+        Algorithm("rloo", SamplingSettings, rloo),  # leave-one-out baseline
         # group-mean baseline, normalized over the batch: equal rewards in a group still train against the batch
         Algorithm("reinforce_pp", LossSettings, reinforce_pp, group_relative=False),
         Algorithm("gspo", GroupSettings, grpo, sequence_ratio=True),  # one (geometric-mean) ratio per sequence

@@ -30,10 +30,11 @@ from ..model.modeling import DEFAULT_MODEL
 from ..model.weights import merged_for_decode
 from ..rollouts.runtime import PolicyRuntime
 from .algorithms import ALGORITHMS, LossSettings
+from .dynamic_sampling import refill
 from .metrics_log import MetricsLog
 from .progress import Progress, eval_line, say, summary_line
 from .state import TrainState
-from .trainer import SAMPLER_WEIGHT_CAP, Trainer, build_samples
+from .trainer import SAMPLER_WEIGHT_CAP, Trainer, build_samples, has_signal
 
 if TYPE_CHECKING:
     from reinforge.plugin import TuneJob
@@ -168,6 +169,7 @@ class TrainingSession:
             peft=policy.peft,
             pack=opts.packed_batches,
             sampler_correction=SAMPLER_WEIGHT_CAP if policy.matmul_dtype != "float32" else None,
+            total_steps=self.total,
         )
         if not policy.peft and self.loss.kl_coef > 0:
             import copy
@@ -223,10 +225,13 @@ class TrainingSession:
         provider = policy.provider((algo.seed, step), step - 1, self.mc.sampling())
         runner = self.job.make_runner(model_provider=provider)
         result = self._rollouts(runner, tasks)
+        sampling_metrics: dict[str, float] = {}
+        if getattr(self.loss, "dynamic_sampling", False):
+            result, sampling_metrics = self._refill(result, runner, step)
         t_roll = time.perf_counter() - t0
         samples = build_samples(result, self.algorithm, self.loss)
         # on the thread that decodes (.compute); hands each micro-batch's freed activations back itself
-        train_metrics = on_compute_thread(trainer.step, samples)
+        train_metrics = on_compute_thread(trainer.step, samples, at_step=step)
         state.step = step
         dec_s = policy.engine.stats.seconds - decode_before[0]
         dec_tok = policy.engine.stats.completion_tokens - decode_before[1]
@@ -237,6 +242,7 @@ class TrainingSession:
             mn.TIME: time.time(),
             **result.metrics,
             **train_metrics,
+            **sampling_metrics,
             "zero_variance_groups": float(samples.zero_variance_groups),
             mn.TOKENS_PER_S: dec_tok / dec_s if dec_s else 0.0,
             "step_seconds": step_s,
@@ -327,8 +333,33 @@ class TrainingSession:
         random.Random(self.algo.seed * 1000003 + epoch).shuffle(order)
         return order
 
-    def _next_batch(self) -> list[dict]:
-        rows, state, size = self.rows, self.state, self.algo.batch_size
+    def _refill(self, first: Any, runner: Any, step: int) -> tuple[Any, dict[str, float]]:
+        """Dynamic sampling: further rounds of new prompts until the batch's groups carry signal (.dynamic_sampling)."""
+        policy, algo = self.policy, self.algo
+        assert policy is not None
+        sampled = len(first.groups)
+
+        def more(prompts: int, round_: int) -> Any:
+            nonlocal sampled
+            tasks = self._next_batch(prompts)
+            provider = policy.provider((algo.seed, step, round_), step - 1, self.mc.sampling())
+            result = self._rollouts(self.job.make_runner(model_provider=provider), tasks, start_index=sampled)
+            sampled += len(tasks)
+            return result
+
+        return refill(
+            first,
+            more,
+            batch_size=algo.batch_size,
+            max_rounds=int(getattr(self.loss, "max_sampling_rounds", 1)),
+            signal=lambda g: has_signal(g, self.algorithm, self.loss),
+            summarize=runner.summarize,
+        )
+
+    def _next_batch(self, size: int | None = None) -> list[dict]:
+        """The next ``size`` (default: ``batch_size``) rows of the shuffled data, epoch after epoch."""
+        rows, state = self.rows, self.state
+        size = self.algo.batch_size if size is None else size
         batch: list[dict] = []
         while len(batch) < size:
             order = self._order(state.epoch, len(rows))
@@ -340,12 +371,14 @@ class TrainingSession:
                 state.offset = 0
         return batch
 
-    def _rollouts(self, runner: Any, tasks: list[dict]) -> Any:
+    def _rollouts(self, runner: Any, tasks: list[dict], start_index: int = 0) -> Any:
         assert self.policy is not None
         merged = merged_for_decode(self.policy.model, self.policy.peft)
         on_compute_thread(merged.__enter__)  # the merge is tensor work: on the decoding thread (.compute)
         try:
-            result = asyncio.run(runner.run_batch(tasks))  # the event loop here, the decode batches there
+            result = asyncio.run(
+                runner.run_batch(tasks, start_index=start_index)
+            )  # the event loop here, the decode batches there
         finally:
             on_compute_thread(merged.__exit__, None, None, None)  # the originals back, whatever happened
         release_free_memory()  # the decode batches' caches are gone: their pages go back before the update

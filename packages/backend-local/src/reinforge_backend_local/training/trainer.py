@@ -22,12 +22,13 @@ from typing import Any
 
 import torch
 
-from reinforge.plugin import BatchResult
+from reinforge.plugin import BatchResult, GroupResult
 from reinforge.plugin import metric_names as mn
 
 from ..model.memory import release_free_memory
 from . import attention, layout
 from .algorithms import Algorithm, LossSettings, advantages, call_advantages, zero_variance
+from .schedule import lr_factor
 
 
 @dataclass
@@ -64,16 +65,14 @@ def build_samples(result: BatchResult, algorithm: Algorithm, settings: LossSetti
     out = Samples()
     groups = [g for g in result.groups if g.kept]
     out.groups = len(groups)
-    call_weight = float(getattr(settings, "call_reward_weight", 0.0)) if algorithm.call_rewards else 0.0
+    call_weight = _call_weight(algorithm, settings)
     scored = []
     for g in groups:
-        rewards = [_reward(t) for t in g.kept]
-        rewarded = [c for t in g.kept for c in _trained_calls(t) if getattr(c, "reward", None) is not None]
-        call_signal = call_weight > 0 and len(rewarded) > 1 and not zero_variance([c.reward for c in rewarded])
-        if algorithm.group_relative and (len(rewards) < 2 or zero_variance(rewards)) and not call_signal:
+        if not has_signal(g, algorithm, settings):
             out.zero_variance_groups += 1
             continue
-        scored.append((g, rewards, rewarded if call_weight > 0 else []))
+        rewarded = _rewarded_calls(g) if call_weight > 0 else []
+        scored.append((g, [_reward(t) for t in g.kept], rewarded))
     if not scored:
         return out
     advs = advantages(algorithm, [r for _, r, _ in scored], settings.scale)
@@ -100,6 +99,30 @@ def build_samples(result: BatchResult, algorithm: Algorithm, settings: LossSetti
                 )
             out.advantages.append(adv)
     return out
+
+
+def has_signal(group: GroupResult, algorithm: Algorithm, settings: LossSettings) -> bool:
+    """Whether ``group`` trains: it has kept rollouts and, for a group-relative algorithm, rewards that differ.
+
+    With call rewards (``multi_step_grpo``), call rewards that differ are signal too.
+    """
+    if not group.kept:
+        return False
+    rewards = [_reward(t) for t in group.kept]
+    if not algorithm.group_relative or (len(rewards) > 1 and not zero_variance(rewards)):
+        return True
+    if _call_weight(algorithm, settings) <= 0:
+        return False
+    rewarded = _rewarded_calls(group)
+    return len(rewarded) > 1 and not zero_variance([c.reward for c in rewarded])
+
+
+def _call_weight(algorithm: Algorithm, settings: LossSettings) -> float:
+    return float(getattr(settings, "call_reward_weight", 0.0)) if algorithm.call_rewards else 0.0
+
+
+def _rewarded_calls(group: GroupResult) -> list[Any]:
+    return [c for t in group.kept for c in _trained_calls(t) if getattr(c, "reward", None) is not None]
 
 
 def _trained_calls(t: Any) -> list[Any]:
@@ -158,7 +181,12 @@ def _plain_head(model: Any) -> tuple[Any, Any] | None:
 
 
 def completion_logprobs(
-    head: Any, hidden: torch.Tensor, targets: torch.Tensor, temps: torch.Tensor | float, chunk: int
+    head: Any,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temps: torch.Tensor | float,
+    chunk: int,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob of each target token and the entropy at its position: ``(n,)`` each, from ``hidden`` ``(n, d)``.
 
@@ -166,16 +194,17 @@ def completion_logprobs(
     no (tokens x vocabulary) log-softmax is ever stored; ``logit[target] - logsumexp`` equals the
     log-softmax entry. ``temps``: one divisor, or one per token. A frozen head (LoRA) runs in
     :class:`_HeadLogprobs`, which exponentiates each logit once and keeps the softmax for backward.
+    ``entropy_grad``: the entropy carries a gradient too (the loss has an entropy term); else it is a statistic.
     """
     weight = getattr(head, "weight", None)
     if isinstance(weight, torch.Tensor) and not weight.requires_grad and getattr(head, "bias", None) is None:
-        return _HeadLogprobs.apply(hidden, targets, temps, chunk, head)
+        return _HeadLogprobs.apply(hidden, targets, temps, chunk, head, entropy_grad)
     logps, entropies = [], []
     for a in range(0, hidden.shape[0], chunk):
         logits = _scaled(head(hidden[a : a + chunk]).float(), temps, a, chunk)
         lse = torch.logsumexp(logits, dim=-1)
         logps.append(logits.gather(-1, targets[a : a + chunk].unsqueeze(1)).squeeze(1) - lse)
-        with torch.no_grad():
+        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
             entropies.append(lse - (torch.softmax(logits, dim=-1) * logits).sum(-1))
     return torch.cat(logps), torch.cat(entropies)
 
@@ -198,11 +227,13 @@ class _HeadLogprobs(torch.autograd.Function):
     Forward: per chunk, the logits, one ``exp``, the softmax (kept), the target's log-softmax and the
     entropy. Backward: ``d logp / d logits = onehot(target) - softmax``, through the temperature and
     the head's weight. Autograd would exponentiate again in backward and keep the logits as well.
+    With ``entropy_grad`` the entropy is differentiable too: ``d H / d logits = -softmax * (log softmax + H)``,
+    the log-softmax recomputed in backward from the logits (one more head matmul per chunk).
     """
 
     @staticmethod
-    def forward(ctx: Any, hidden: Any, targets: Any, temps: Any, chunk: int, head: Any) -> Any:
-        logps, entropies, probs = [], [], []
+    def forward(ctx: Any, hidden: Any, targets: Any, temps: Any, chunk: int, head: Any, entropy_grad: bool) -> Any:
+        logps, entropies, probs, lses = [], [], [], []
         with torch.no_grad():
             for a in range(0, hidden.shape[0], chunk):
                 logits = _scaled(head(hidden[a : a + chunk]).float(), temps, a, chunk)
@@ -214,23 +245,39 @@ class _HeadLogprobs(torch.autograd.Function):
                 logps.append((logits.gather(-1, targets[a : a + chunk].unsqueeze(1)) - lse).squeeze(1))
                 entropies.append(lse.squeeze(1) - torch.linalg.vecdot(p, logits))
                 probs.append(p)
-        ctx.save_for_backward(targets, *probs)
-        ctx.temps, ctx.chunk, ctx.weight, ctx.dtype = temps, chunk, head.weight, hidden.dtype
+                lses.append(lse)
         entropy = torch.cat(entropies)
-        ctx.mark_non_differentiable(entropy)
+        if entropy_grad:
+            ctx.save_for_backward(targets, hidden, entropy, *probs)
+            ctx.lses = lses
+        else:
+            ctx.save_for_backward(targets, *probs)
+            ctx.mark_non_differentiable(entropy)
+        ctx.temps, ctx.chunk, ctx.weight, ctx.dtype = temps, chunk, head.weight, hidden.dtype
+        ctx.head, ctx.entropy_grad = head, entropy_grad
         return torch.cat(logps), entropy
 
     @staticmethod
-    def backward(ctx: Any, grad: Any, _grad_entropy: Any) -> Any:
-        targets, *probs = ctx.saved_tensors
+    def backward(ctx: Any, grad: Any, grad_entropy: Any) -> Any:
+        if ctx.entropy_grad:
+            targets, hidden, entropy, *probs = ctx.saved_tensors
+        else:
+            targets, *probs = ctx.saved_tensors
         parts = []
         for k, p in enumerate(probs):
             a = k * ctx.chunk
-            g = grad[a : a + p.shape[0]].unsqueeze(1)
-            d = (p * -g).scatter_add_(1, targets[a : a + p.shape[0]].unsqueeze(1), g)
+            n = p.shape[0]
+            g = grad[a : a + n].unsqueeze(1)
+            d = (p * -g).scatter_add_(1, targets[a : a + n].unsqueeze(1), g)
+            if ctx.entropy_grad and grad_entropy is not None:
+                with torch.no_grad():
+                    logits = _scaled(ctx.head(hidden[a : a + n]).float(), ctx.temps, a, ctx.chunk)
+                    log_p = logits - ctx.lses[k]
+                    h = entropy[a : a + n].unsqueeze(1)
+                    d -= grad_entropy[a : a + n].unsqueeze(1) * p * (log_p + h)
             d = _scaled(d, ctx.temps, a, ctx.chunk)
             parts.append(d.to(ctx.dtype) @ ctx.weight)
-        return torch.cat(parts), None, None, None, None
+        return torch.cat(parts), None, None, None, None, None
 
 
 def _micro_batches(
@@ -264,7 +311,8 @@ class Trainer:
         per sequence.
     :param settings: its :class:`~.algorithms.LossSettings` (``job.algorithm_settings``, checked by core);
         default: the record's defaults.
-    :param learning_rate: AdamW's (``algorithm.learning_rate`` of the run file).
+    :param learning_rate: AdamW's (``algorithm.learning_rate`` of the run file); the base of the schedule.
+    :param total_steps: the run's steps, where a decaying schedule (``settings.lr_schedule``) ends.
     """
 
     def __init__(
@@ -284,6 +332,7 @@ class Trainer:
         pack: bool = True,
         segment_attention: bool = True,
         sampler_correction: float | None = None,
+        total_steps: int | None = None,
     ) -> None:
         self.model = model
         self.algorithm = algorithm
@@ -310,16 +359,23 @@ class Trainer:
             raise ValueError("no trainable parameters")
         self.params = params
         self.optimizer = torch.optim.AdamW(params, lr=learning_rate, betas=(0.9, 0.999), weight_decay=0.0)
+        self.learning_rate = learning_rate
+        self.total_steps = total_steps
+        if self.settings.lr_schedule != "constant" and total_steps is None:
+            raise ValueError(f"algorithm.lr_schedule {self.settings.lr_schedule} decays until total_steps: give them")
         self.reference = None  # full fine-tuning with KL keeps a frozen copy
 
-    def _forward_logprobs(self, model: Any, batch: list[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _forward_logprobs(
+        self, model: Any, batch: list[Sample], entropy_grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logprobs (and entropies) of each completion token, left-padded so completions end together.
 
         The batch is laid out on the CPU and copied to the model's device once (three copies, not one per row).
+        ``entropy_grad``: the entropies carry gradients (``entropy_coef > 0``).
         """
         dev = next(model.parameters()).device
         if self.pack:
-            return self._packed_logprobs(model, batch, dev)
+            return self._packed_logprobs(model, batch, dev, entropy_grad)
         shared = shared_prefix(batch) if self.share_prefix else 0
         seqs = [s.prompt_ids[shared:] + s.completion_ids for s in batch]
         width = max(map(len, seqs))
@@ -352,18 +408,22 @@ class Trainer:
             temps = self._temperatures(batch, dev)
             if isinstance(temps, torch.Tensor):
                 temps = temps.view(-1, 1).expand(len(batch), comp)[real]
-            lp, ent = completion_logprobs(head, hidden[real], ids[:, width - comp :][real], temps, LOGPROB_CHUNK_TOKENS)
+            lp, ent = completion_logprobs(
+                head, hidden[real], ids[:, width - comp :][real], temps, LOGPROB_CHUNK_TOKENS, entropy_grad
+            )
             return _rows(lp, real), _rows(ent, real), cmask
         logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=comp + 1, **given).logits
         logits = logits[:, :-1, :].float() / self._temperatures(batch, logits.device)
         targets = ids[:, width - comp :]
         logp_all = torch.log_softmax(logits, dim=-1)
         logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        with torch.no_grad():
+        with contextlib.nullcontext() if entropy_grad else torch.no_grad():
             entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy, cmask
 
-    def _packed_logprobs(self, model: Any, batch: list[Sample], dev: Any) -> tuple[torch.Tensor, ...]:
+    def _packed_logprobs(
+        self, model: Any, batch: list[Sample], dev: Any, entropy_grad: bool = False
+    ) -> tuple[torch.Tensor, ...]:
         """:meth:`_forward_logprobs` over the padding-free layout (:mod:`.layout`), in the same left-padded shape."""
         parts = _plain_head(model)
         assert parts is not None
@@ -384,7 +444,7 @@ class Trainer:
         if isinstance(temps, torch.Tensor):
             counts = torch.tensor([len(s.completion_ids) for s in batch], device=dev)
             temps = temps.view(-1).repeat_interleave(counts)
-        lp, ent = completion_logprobs(head, hidden, packed.targets.to(dev), temps, LOGPROB_CHUNK_TOKENS)
+        lp, ent = completion_logprobs(head, hidden, packed.targets.to(dev), temps, LOGPROB_CHUNK_TOKENS, entropy_grad)
         comp = max(len(s.completion_ids) for s in batch)
         cmask = torch.zeros((len(batch), comp), dtype=torch.float32)
         for i, s in enumerate(batch):
@@ -425,7 +485,7 @@ class Trainer:
         tr = time.perf_counter()
         ref = self._reference_logprobs(batch) if opts.kl_coef > 0 else None
         ref_s = time.perf_counter() - tr
-        logp, entropy, cmask = self._forward_logprobs(self.model, batch)
+        logp, entropy, cmask = self._forward_logprobs(self.model, batch, entropy_grad=opts.entropy_coef > 0)
         comp, dev = cmask.shape[1], logp.device
         old = torch.zeros(logp.shape, dtype=logp.dtype)  # filled on the CPU, then one copy to the device
         for i, s in enumerate(batch):
@@ -459,6 +519,8 @@ class Trainer:
             kl = torch.exp(d) - d - 1  # k3 estimator, >= 0
             per_token = per_token + opts.kl_coef * kl
             stats["kl"] = float((kl.detach() * cmask).sum())
+        if opts.entropy_coef > 0:  # an entropy bonus: keeps exploring (0 leaves the loss exactly as it was)
+            per_token = per_token - opts.entropy_coef * entropy
         if sampler_weight is not None:
             stats["sampler_weight"] = float((sampler_weight * cmask).sum())
         if opts.loss_agg_mode == "sequence-mean":
@@ -493,9 +555,30 @@ class Trainer:
         with torch.no_grad():
             return sum(float(self._batch_loss(b, *totals)[0]) for b in self._split(samples.items))
 
-    def step(self, samples: Samples) -> dict[str, float]:
+    def lr_at(self, step: int) -> float:
+        """The learning rate of update ``step`` (1-based) under ``settings``' schedule."""
+        opts = self.settings
+        factor = lr_factor(
+            step,
+            self.total_steps or step,  # None only with a constant schedule, where it is not read
+            warmup=opts.lr_warmup_steps,
+            schedule=opts.lr_schedule,
+            min_ratio=opts.lr_min_ratio,
+        )
+        return self.learning_rate * factor
+
+    def step(self, samples: Samples, *, at_step: int | None = None) -> dict[str, float]:
+        """``ppo_epochs`` updates on ``samples``; ``at_step`` (1-based): the run's step, which sets a scheduled rate.
+
+        Without a schedule (``LossSettings.lr_scheduled`` false) the optimizer's rate is left as it is.
+        """
         opts = self.settings
         items = samples.items
+        lr = None
+        if at_step is not None and opts.lr_scheduled:
+            lr = self.lr_at(at_step)
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         if not items:
             return {"train/skipped_step": 1.0}
         self.model.train()
@@ -565,4 +648,6 @@ class Trainer:
         }
         if self.sampler_correction is not None:
             metrics["train/sampler_weight"] = sums["sampler_weight"] / tokens
+        if lr is not None:
+            metrics["train/lr"] = lr
         return metrics
