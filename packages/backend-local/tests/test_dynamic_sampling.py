@@ -128,3 +128,57 @@ def test_the_keys_are_checked_and_belong_to_group_relative_algorithms():
     # reinforce_pp trains on equal-reward groups against the batch: nothing to refill, so the key is unknown there
     with pytest.raises(ConfigError, match=r"unknown key 'algorithm\.dynamic_sampling'.*algorithm 'reinforce_pp'"):
         checked(algorithm_type="reinforce_pp", dynamic_sampling=True)
+
+
+class _ScriptedPolicy:
+    """What ``TrainingSession`` asks of its policy for rollouts, over the scripted model; records the seed keys."""
+
+    model, peft = None, False
+
+    def __init__(self) -> None:
+        self.chat = _model()
+        self.seed_keys: list[tuple] = []
+
+    def provider(self, seed_key, version, sampling):
+        self.seed_keys.append(seed_key)
+        return lambda t: self.chat
+
+
+def test_the_session_refills_from_the_next_rows_with_a_seed_of_its_own_per_round(reinforge_pm, tmp_path):
+    """The session's wiring: further rounds read on in the shuffled data; the first round's seed is as before."""
+    import json
+
+    import reinforge_backend_local.plugin as local_plugin
+    from reinforge.plugin import DatasetConfig, build_job
+    from reinforge_backend_local.training.session import TrainingSession
+
+    reinforge_pm.register(local_plugin, name="reinforge-backend-local")
+    rows = [{"question": f"{'flat' if i % 2 else 'mixed'}-{i}"} for i in range(10)]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    run = RunConfig(
+        workflow=ComponentSpec(ref=answer),
+        judges=[ComponentSpec(ref=exact, name="exact")],
+        algorithm=AlgorithmConfig(group_size=GROUP, batch_size=4, dynamic_sampling=True, max_sampling_rounds=4),
+        train_dataset=DatasetConfig(path=str(data)),
+    )
+    job = build_job(run, reinforge_pm, need_backend=True)
+    try:
+        session = TrainingSession(job)
+        session.rows, session.policy = rows, _ScriptedPolicy()
+        tasks = session._next_batch()
+        provider = session.policy.provider((run.algorithm.seed, 1), 0, {})
+        runner = job.make_runner(model_provider=provider)
+        first = session._rollouts(runner, tasks)
+        merged, metrics = session._refill(first, runner, 1)
+    finally:
+        job.close()
+    useful = [g for g in merged.groups if has_signal(g, ALGORITHMS["grpo"], session.loss)]
+    assert len(useful) == 4 and metrics["dynamic_sampling/groups_with_signal"] == 4.0
+    # half the rows are "mixed": every prompt sampled is a new row, in the session's shuffled order
+    questions = [g.task["question"] for g in merged.groups]
+    order = session._order(0, len(rows))
+    assert questions == [rows[i]["question"] for i in order[: len(questions)]]
+    assert session.state.offset == len(questions) and len(questions) == metrics["dynamic_sampling/prompts"]
+    rounds = int(metrics["dynamic_sampling/rounds"])
+    assert rounds > 1 and session.policy.seed_keys == [(42, 1)] + [(42, 1, r) for r in range(1, rounds)]
