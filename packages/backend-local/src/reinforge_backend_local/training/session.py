@@ -376,9 +376,8 @@ class TrainingSession:
         merged = merged_for_decode(self.policy.model, self.policy.peft)
         on_compute_thread(merged.__enter__)  # the merge is tensor work: on the decoding thread (.compute)
         try:
-            result = asyncio.run(
-                runner.run_batch(tasks, start_index=start_index)
-            )  # the event loop here, the decode batches there
+            # the event loop here, the decode batches there
+            result = asyncio.run(runner.run_batch(tasks, start_index=start_index))
         finally:
             on_compute_thread(merged.__exit__, None, None, None)  # the originals back, whatever happened
         release_free_memory()  # the decode batches' caches are gone: their pages go back before the update
