@@ -143,7 +143,6 @@ def test_the_tutorial_workflow_and_judge_train_one_step_on_the_local_backend(mod
         ),
         backend="local",
         backend_args={"output_dir": str(tmp_path / "runs"), "progress": False, "tensorboard": False},
-        report={"enabled": False},
         plugin_manager=pm,
     )
 
