@@ -91,11 +91,11 @@ def test_an_exception_inside_a_step_ends_the_run_once_as_failed(model_folder, da
     pm, recorder = recorded
     real_step, calls = Trainer.step, []
 
-    def step_then_fail(self, samples):
+    def step_then_fail(self, samples, **kwargs):
         calls.append(1)
         if len(calls) == 2:
             raise RuntimeError("boom in step 2")
-        return real_step(self, samples)
+        return real_step(self, samples, **kwargs)
 
     monkeypatch.setattr(Trainer, "step", step_then_fail)
     with pytest.raises(RuntimeError, match="boom in step 2"):
