@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from fake_dists import make_dist
 
 from reinforge import hookimpl
 from reinforge.cli import main
@@ -21,16 +21,6 @@ from reinforge.errors import PluginError
 from reinforge.plugin import ConfigurationError, Registry
 from reinforge.plugins import build_registry, describe_plugins, get_plugin_manager
 from reinforge.testing import build_and_install, plugin_registry, run_command, run_process
-
-
-def make_dist(root: Path, dist: str, module_source: str) -> None:
-    """A tiny installed distribution on sys.path: a module plus its .dist-info with an entry point."""
-    module = dist.replace("-", "_")
-    (root / f"{module}.py").write_text(textwrap.dedent(module_source))
-    info = root / f"{module}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[reinforge]\n{dist} = {module}\n")
 
 
 @pytest.fixture

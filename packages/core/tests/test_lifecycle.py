@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from fake_dists import make_dist
 
 from reinforge import AlgorithmConfig, JudgeOutput, TaskStatus, WorkflowOutput, hookimpl, tune
 from reinforge.config import ComponentSpec, DatasetConfig, RunConfig
@@ -260,16 +260,6 @@ def test_a_hookspec_added_by_one_plugin_is_implemented_by_another(spec_first: bo
 
 
 # -- broken plugins do not take the command line down -----------------------------------------------------
-
-
-def make_dist(root: Path, dist: str, module_source: str, ep_name: str | None = None) -> None:
-    """A tiny installed distribution on sys.path: a module plus its .dist-info with an entry point."""
-    module = dist.replace("-", "_")
-    (root / f"{module}.py").write_text(textwrap.dedent(module_source))
-    info = root / f"{module}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[reinforge]\n{ep_name or dist} = {module}\n")
 
 
 @pytest.fixture

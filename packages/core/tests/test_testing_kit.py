@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
+from fake_dists import make_dist
 
 from reinforge.plugins import build_registry
 from reinforge.testing import HookRecorder, OpenAIServer, ScriptedChatModel, check_entry_point
@@ -116,17 +116,6 @@ def test_plugin_is_not_auto_registered(pytester: pytest.Pytester) -> None:
 def test_check_entry_point_names_a_missing_distribution() -> None:
     with pytest.raises(AssertionError, match=r"'reinforge-no-such-plugin' is not installed"):
         check_entry_point("reinforge-no-such-plugin", judges=["x"])
-
-
-def make_dist(root: Path, dist: str, module_source: str, ep_name: str | None = None, *, with_ep: bool = True) -> None:
-    """Install a tiny distribution on sys.path: a module plus its .dist-info with entry points."""
-    module = dist.replace("-", "_")
-    (root / f"{module}.py").write_text(textwrap.dedent(module_source))
-    info = root / f"{module}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    if with_ep:
-        (info / "entry_points.txt").write_text(f"[reinforge]\n{ep_name or dist} = {module}\n")
 
 
 PLUGIN = """
