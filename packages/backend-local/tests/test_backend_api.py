@@ -186,8 +186,8 @@ def test_a_wrong_key_of_the_third_party_backend_names_the_key_and_the_file(toy, 
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
-@pytest.mark.parametrize("dry_run", [True, False])
-def test_a_wrong_type_in_local_backend_args_fails_before_any_model_loads(tmp_path, monkeypatch, capsys, dry_run):
+def _forbid_model_loading(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any model load fails the test: these checks must stop a run before one."""
     from reinforge_backend_local.model import modeling
     from reinforge_backend_local.rollouts import runtime
 
@@ -196,13 +196,25 @@ def test_a_wrong_type_in_local_backend_args_fails_before_any_model_loads(tmp_pat
 
     monkeypatch.setattr(modeling, "load_policy", no_model)
     monkeypatch.setattr(runtime, "load_policy", no_model)
+
+
+def _local_run_file(tmp_path, monkeypatch, flow: str, extra: str = "", algorithm: str = "  group_size: 2"):
+    """``tmp_path/run.yaml`` of the local backend with its workflow module ``flow`` and a one-row dataset."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "toyflow_mb.py").write_text(FLOW)
+    (tmp_path / f"{flow}.py").write_text(FLOW)
     (tmp_path / "data.jsonl").write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
     run_file = tmp_path / "run.yaml"
-    text = RUN.format(flow="toyflow_mb", model="no-such-model", algorithm="  group_size: 2")
-    run_file.write_text(text + 'backend: local\nbackend_args: {micro_batch: "8"}\n')
+    run_file.write_text(RUN.format(flow=flow, model="no-such-model", algorithm=algorithm) + extra)
+    return run_file
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_wrong_type_in_local_backend_args_fails_before_any_model_loads(tmp_path, monkeypatch, capsys, dry_run):
+    _forbid_model_loading(monkeypatch)
+    run_file = _local_run_file(
+        tmp_path, monkeypatch, "toyflow_mb", 'backend: local\nbackend_args: {micro_batch: "8"}\n'
+    )
 
     code = cli_main(["tune", str(run_file), *(["--dry-run"] if dry_run else [])])
     err = capsys.readouterr().err
@@ -211,13 +223,7 @@ def test_a_wrong_type_in_local_backend_args_fails_before_any_model_loads(tmp_pat
 
 
 def test_the_old_report_switch_in_backend_args_points_at_the_reports_own_section(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "toyflow_rp.py").write_text(FLOW)
-    (tmp_path / "data.jsonl").write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
-    run_file = tmp_path / "run.yaml"
-    text = RUN.format(flow="toyflow_rp", model="no-such-model", algorithm="  group_size: 2")
-    run_file.write_text(text + "backend: local\nbackend_args: {report: false}\n")
+    run_file = _local_run_file(tmp_path, monkeypatch, "toyflow_rp", "backend: local\nbackend_args: {report: false}\n")
 
     assert cli_main(["tune", str(run_file), "--dry-run"]) == 1
     err = capsys.readouterr().err
@@ -229,20 +235,9 @@ def test_the_old_report_switch_in_backend_args_points_at_the_reports_own_section
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_a_run_without_train_dataset_is_refused_by_tune_and_its_dry_run_alike(tmp_path, monkeypatch, capsys, dry_run):
     """Fails before core 0.4: ``tune --dry-run`` passed a run file that ``tune`` then refused."""
-    from reinforge_backend_local.model import modeling
-    from reinforge_backend_local.rollouts import runtime
-
-    def no_model(*args, **kwargs):
-        raise AssertionError("a model was loaded")
-
-    monkeypatch.setattr(modeling, "load_policy", no_model)
-    monkeypatch.setattr(runtime, "load_policy", no_model)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "toyflow_nodata.py").write_text(FLOW)
-    run_file = tmp_path / "run.yaml"
-    text = RUN.format(flow="toyflow_nodata", model="no-such-model", algorithm="  group_size: 2")
-    run_file.write_text(text.replace("train_dataset: {path: data.jsonl}\n", ""))
+    _forbid_model_loading(monkeypatch)
+    run_file = _local_run_file(tmp_path, monkeypatch, "toyflow_nodata")
+    run_file.write_text(run_file.read_text().replace("train_dataset: {path: data.jsonl}\n", ""))
 
     code = cli_main(["tune", str(run_file), *(["--dry-run"] if dry_run else [])])
     err = capsys.readouterr().err
@@ -251,14 +246,9 @@ def test_a_run_without_train_dataset_is_refused_by_tune_and_its_dry_run_alike(tm
 
 
 def test_the_local_dry_run_describes_the_checked_settings(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "toyflow_dry.py").write_text(FLOW)
-    (tmp_path / "data.jsonl").write_text(json.dumps({"question": "What is 1 + 1?"}) + "\n")
-    run_file = tmp_path / "run.yaml"
     algorithm = "  algorithm_type: reinforce++\n  kl_coef: 0.05\n  batch_size: 4"
-    text = RUN.format(flow="toyflow_dry", model="no-such-model", algorithm=algorithm)
-    run_file.write_text(text + "backend_args: {micro_batch: 4, output_dir: out}\n")
+    extra = "backend_args: {micro_batch: 4, output_dir: out}\n"
+    run_file = _local_run_file(tmp_path, monkeypatch, "toyflow_dry", extra, algorithm)
 
     assert cli_main(["tune", str(run_file), "--dry-run"]) == 0
     described = json.loads(capsys.readouterr().out)
